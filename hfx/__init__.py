@@ -1,0 +1,63 @@
+"""hfx: export Hugging Face Transformers models to torch.export, ONNX, ExecuTorch and OpenVINO.
+
+A library of small pure functions over immutable records::
+
+    from toolz import pipe
+    import hfx
+
+    onnx = pipe(model, hfx.capture(inputs), hfx.lower_to_onnx)
+    outputs = onnx(**new_inputs)
+"""
+
+from hfx._capture import capture as capture
+from hfx._compose import by_component as by_component
+from hfx._compose import per_component as per_component
+from hfx._dynamic_shapes import infer_dynamic_shapes as infer_dynamic_shapes
+from hfx._errors import CaptureError as CaptureError
+from hfx._errors import ComponentError as ComponentError
+from hfx._errors import HfxError as HfxError
+from hfx._errors import InputError as InputError
+from hfx._errors import LoweringError as LoweringError
+from hfx._errors import PatchError as PatchError
+from hfx._export import export as export
+from hfx._records import Capture as Capture
+from hfx._records import Components as Components
+from hfx._records import DynamicShapes as DynamicShapes
+from hfx._records import Exported as Exported
+from hfx._records import IoSpec as IoSpec
+from hfx._records import TensorSpec as TensorSpec
+from hfx._save import load as load
+from hfx._save import save as save
+from hfx._signature import flatten_signature as flatten_signature
+from hfx._verify import Report as Report
+from hfx._verify import verify as verify
+from hfx.patches import with_patches as with_patches
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Capture",
+    "CaptureError",
+    "ComponentError",
+    "Components",
+    "DynamicShapes",
+    "Exported",
+    "HfxError",
+    "InputError",
+    "IoSpec",
+    "LoweringError",
+    "PatchError",
+    "Report",
+    "TensorSpec",
+    "__version__",
+    "by_component",
+    "capture",
+    "export",
+    "flatten_signature",
+    "infer_dynamic_shapes",
+    "load",
+    "per_component",
+    "save",
+    "verify",
+    "with_patches",
+]

@@ -1,0 +1,98 @@
+"""``capture``: pair a model with the exact keyword arguments it is exported with."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from toolz import curry
+
+from hfx._errors import InputError, describe
+from hfx._records import Capture, DynamicShapes
+
+# Keyword arguments that transformers' forward wrappers accept without naming them in the signature.
+_WRAPPER_KWARGS = frozenset({"return_dict", "output_attentions", "output_hidden_states", "use_cache"})
+
+
+def accepted_inputs(model: torch.nn.Module) -> frozenset[str] | None:
+    """Return the keyword arguments ``model.forward`` accepts, or ``None`` when it takes any."""
+    params = inspect.signature(model.forward).parameters.values()
+    names = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    for p in params:
+        if p.kind is p.VAR_KEYWORD:
+            typed = _typed_kwargs(p.annotation)
+            if typed is None:
+                return None
+            names |= typed | _WRAPPER_KWARGS
+    return frozenset(names)
+
+
+def _typed_kwargs(annotation: Any) -> frozenset[str] | None:
+    """Keys of ``**kwargs: Unpack[SomeTypedDict]``; ``None`` for an untyped ``**kwargs``."""
+    if typing.get_origin(annotation) is not typing.Unpack:
+        return None
+    (typed_dict,) = typing.get_args(annotation)
+    keys: set[str] = set()
+    for klass in getattr(typed_dict, "__mro__", (typed_dict,)):
+        keys.update(getattr(klass, "__annotations__", {}))
+    return frozenset(keys) if keys else None
+
+
+def check_inputs(model: torch.nn.Module, inputs: Mapping[str, Any], *, stage: str, name: str) -> None:
+    """Raise ``InputError`` naming every key of ``inputs`` that ``model.forward`` does not take."""
+    accepted = accepted_inputs(model)
+    unknown = sorted(set(inputs) - accepted) if accepted is not None else []
+    if unknown:
+        what = f"forward() does not take input(s) {unknown}."
+        todo = f"Remove them or rename them to one of {sorted(accepted)}."
+        raise InputError(describe(stage, model, name, what, todo))
+
+
+@curry
+def capture(
+    inputs: Mapping[str, Any],
+    model: torch.nn.Module,
+    /,
+    *,
+    dynamic_shapes: DynamicShapes | None = None,
+    name: str = "model",
+) -> Capture:
+    """Capture ``model`` with a private copy of ``inputs``, the keyword arguments of its forward.
+
+    Args:
+        inputs: keyword arguments for ``model.forward`` (a dict or a tokenizer's ``BatchEncoding``).
+        model: the model to export; it is not modified.
+        dynamic_shapes: named dynamic axes to use instead of ``infer_dynamic_shapes``.
+        name: the component name used in errors and in saved files.
+
+    Returns:
+        A frozen ``Capture``. ``capture(inputs)`` alone is a stage ``model -> Capture``.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module`` or ``inputs`` is not a mapping.
+        InputError: an input the model's forward does not take.
+
+    Example:
+        >>> import torch
+        >>> c = capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4))
+        >>> sorted(c.kwargs)
+        ['input']
+    """
+    if not isinstance(model, torch.nn.Module):
+        msg = f"capture: model must be a torch.nn.Module, got {type(model).__name__}"
+        raise TypeError(msg)
+    if not isinstance(inputs, Mapping):
+        msg = f"capture: inputs must be a mapping of forward() keyword arguments, got {type(inputs).__name__}"
+        raise TypeError(msg)
+    check_inputs(model, inputs, stage="capture", name=name)
+    return Capture(
+        module=model,
+        source=model,
+        kwargs=copy.deepcopy(dict(inputs)),
+        dynamic_shapes=dynamic_shapes,
+        name=name,
+    )

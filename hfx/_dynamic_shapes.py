@@ -1,0 +1,181 @@
+"""``infer_dynamic_shapes``: named dynamic axes shared across inputs, and their bounds."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from hfx._compose import per_component
+from hfx._records import Capture, DynamicShapes
+
+# Input name -> {axis: dim name}. Axes may be negative (counted from the end).
+_AXIS_RULES: tuple[tuple[frozenset[str], Mapping[int, str]], ...] = (
+    (
+        frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds", "labels",
+                   "special_tokens_mask", "cache_position", "global_attention_mask"}),
+        {0: "batch", 1: "sequence"},
+    ),
+    (
+        frozenset({"decoder_input_ids", "decoder_attention_mask", "decoder_position_ids", "decoder_inputs_embeds"}),
+        {0: "batch", 1: "decoder_sequence"},
+    ),
+    (frozenset({"pixel_values", "pixel_mask"}), {0: "batch", -2: "height", -1: "width"}),
+    (frozenset({"input_values"}), {0: "batch", -1: "audio_length"}),
+    (frozenset({"input_features"}), {0: "batch", -1: "frames"}),
+)
+
+
+def leaf_name(path: tuple[Any, ...]) -> str:
+    """A dotted name for a pytree key path: ``past_key_values.layers.0.keys``."""
+    parts = []
+    for key in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return ".".join(parts)
+
+
+def named_leaves(kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Every pytree leaf of ``kwargs`` with its dotted name, in flattening order."""
+    with_paths, _ = pytree.tree_flatten_with_path(dict(kwargs))
+    return [(leaf_name(path), leaf) for path, leaf in with_paths]
+
+
+def _rule_for(name: str) -> Mapping[int, str] | None:
+    last = name.rsplit(".", 1)[-1]
+    return next((rule for names, rule in _AXIS_RULES if last in names), None)
+
+
+def _default_bounds(model: torch.nn.Module | None) -> dict[str, tuple[int, int | None]]:
+    """Bounds a dim gets when the caller sets none: the model's own position limit for sequences."""
+    config = getattr(model, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    sequence = (1, int(limit)) if isinstance(limit, int) and limit > 1 else (1, None)
+    return {"sequence": sequence, "decoder_sequence": sequence}
+
+
+@per_component
+def infer_dynamic_shapes(
+    capture: Capture,
+    /,
+    *,
+    bounds: Mapping[str, tuple[int, int | None]] | None = None,
+) -> DynamicShapes:
+    """Name the dynamic axes of the captured inputs: batch, sequence, height, width, frames ...
+
+    Inputs that share an axis share one name (``input_ids`` and
+    ``attention_mask`` share ``batch`` and ``sequence``), so the export has few
+    symbols and the ONNX graph carries readable axis names. Axis 0 of any other
+    tensor whose size is the batch size is ``batch``; other axes stay static.
+
+    Args:
+        capture: a ``Capture`` (or ``Components``).
+        bounds: ``{dim name: (min, max)}`` overriding the defaults (max ``None`` = unbounded).
+
+    Returns:
+        A ``DynamicShapes`` record.
+
+    Example:
+        >>> import torch
+        >>> from hfx import capture
+        >>> ids = torch.ones(2, 5, dtype=torch.long)
+        >>> ds = infer_dynamic_shapes(capture({"input": ids}, torch.nn.Identity()))
+        >>> dict(ds.axes["input"])
+        {0: 'batch'}
+    """
+    if capture.dynamic_shapes is not None:
+        return capture.dynamic_shapes
+    tensors = [(n, t) for n, t in named_leaves(capture.kwargs) if isinstance(t, torch.Tensor)]
+    batch = next((t.shape[0] for n, t in tensors if _rule_for(n) and t.ndim), None)
+    if batch is None and tensors and tensors[0][1].ndim:
+        batch = tensors[0][1].shape[0]
+    hints: dict[str, int] = {}
+    axes: dict[str, dict[int, str]] = {}
+    for name, tensor in tensors:
+        rule = _rule_for(name) or ({0: "batch"} if tensor.ndim and tensor.shape[0] == batch else {})
+        per_axis: dict[int, str] = {}
+        for axis, dim in rule.items():
+            if not -tensor.ndim <= axis < tensor.ndim or tensor.shape[axis] == 0:
+                continue
+            size = int(tensor.shape[axis])
+            # An axis named like another but of a different size gets its own name.
+            dim = dim if hints.setdefault(dim, size) == size else f"{dim}_{name.replace('.', '_')}"
+            hints.setdefault(dim, size)
+            per_axis[axis % tensor.ndim] = dim
+        axes[name] = per_axis
+    used = {dim for per_axis in axes.values() for dim in per_axis.values()}
+    all_bounds = {**_default_bounds(capture.source), **dict(bounds or {})}
+    return DynamicShapes(axes=axes, bounds={d: tuple(all_bounds.get(d, (1, None))) for d in sorted(used)})
+
+
+def to_torch(shapes: DynamicShapes, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``dynamic_shapes`` argument of ``torch.export.export`` for ``kwargs``: one ``Dim`` per name."""
+    dims = {
+        name: torch.export.Dim(name, min=lo, max=hi) if hi is not None else torch.export.Dim(name, min=lo)
+        for name, (lo, hi) in shapes.bounds.items()
+    }
+    with_paths, spec = pytree.tree_flatten_with_path(dict(kwargs))
+    per_leaf = []
+    for path, leaf in with_paths:
+        per_axis = shapes.axes.get(leaf_name(path), {})
+        if isinstance(leaf, torch.Tensor):
+            per_leaf.append({axis: dims[name] for axis, name in per_axis.items()} or None)
+        else:
+            per_leaf.append(None)
+    return pytree.tree_unflatten(per_leaf, spec)
+
+
+def widen_unit_axes(shapes: DynamicShapes, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Example inputs for tracing in which every dynamic axis of size 1 is repeated to size 2.
+
+    torch.export specialises an axis whose example size is 0 or 1; tracing on
+    size 2 keeps it symbolic. Only shapes matter to the trace, so repeating
+    the row keeps every input consistent with the others.
+    """
+    with_paths, spec = pytree.tree_flatten_with_path(dict(kwargs))
+    leaves = []
+    for path, leaf in with_paths:
+        for axis in shapes.axes.get(leaf_name(path), {}):
+            if isinstance(leaf, torch.Tensor) and leaf.shape[axis] == 1:
+                leaf = torch.cat([leaf, leaf], dim=axis)
+        leaves.append(leaf)
+    return pytree.tree_unflatten(leaves, spec)
+
+
+_FIX = re.compile(r"^\s*(\w+) = (.+?)\s*$")
+_DIM = re.compile(r"Dim\(\s*'(\w+)'(?:,\s*min=(\d+))?(?:,\s*max=(\d+))?\s*\)")
+
+
+def refine(shapes: DynamicShapes, message: str) -> DynamicShapes | None:
+    """Apply torch.export's "Suggested fixes" to ``shapes``; ``None`` when there is none we can apply.
+
+    ``height = 224`` makes ``height`` static; ``sequence = Dim('sequence', max=512)``
+    narrows its bounds. A derived fix (``width = 2*_width``) is not applied.
+    """
+    if "Suggested fixes:" not in message:
+        return None
+    block = message.split("Suggested fixes:", 1)[1].strip("\n").split("\n\n", 1)[0]
+    static: set[str] = set()
+    bounds = dict(shapes.bounds)
+    for line in block.splitlines():
+        match = _FIX.match(line)
+        if not match or match.group(1) not in bounds:
+            return None
+        name, expr = match.groups()
+        dim = _DIM.fullmatch(expr)
+        if expr.isdigit():
+            static.add(name)
+        elif dim:
+            lo, hi = bounds[name]
+            bounds[name] = (int(dim.group(2) or lo), int(dim.group(3)) if dim.group(3) else hi)
+        else:
+            return None
+    axes = {leaf: {a: d for a, d in per_axis.items() if d not in static} for leaf, per_axis in shapes.axes.items()}
+    return DynamicShapes(axes=axes, bounds={d: b for d, b in bounds.items() if d not in static})

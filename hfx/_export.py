@@ -1,0 +1,168 @@
+"""``export``: ``torch.export`` under patches, with the flat signature and named shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sympy
+import torch
+from toolz import curry
+from torch.utils import _pytree as pytree
+
+from hfx._compose import per_component
+from hfx._dynamic_shapes import infer_dynamic_shapes, named_leaves, refine, to_torch, widen_unit_axes
+from hfx._errors import CaptureError, describe
+from hfx._records import Capture, DynamicShapes, Exported, IoSpec, TensorSpec
+from hfx._signature import flatten_signature
+from hfx.patches import Patch, default_patches, with_patches
+
+_MAX_REFINEMENTS = 3
+
+
+@curry
+@per_component
+def export(
+    capture: Capture,
+    /,
+    *,
+    patches: Sequence[Patch] | None = None,
+    bounds: Mapping[str, tuple[int, int | None]] | None = None,
+) -> Exported:
+    """Export a captured model with ``torch.export`` (non-strict) and named dynamic shapes.
+
+    The model runs under ``patches`` (``hfx.patches.default_patches(model)`` by
+    default), which put back every attribute, buffer and flag on exit. When
+    torch.export proves that a dim the shapes marked dynamic is really fixed
+    (a ViT's image size), the dim is made static and the export is retried.
+
+    Args:
+        capture: a ``Capture`` (or ``Components``).
+        patches: the patches to enter; ``None`` for the defaults.
+        bounds: ``{dim: (min, max)}`` for ``infer_dynamic_shapes`` (ignored when the capture carries shapes).
+
+    Returns:
+        An ``Exported`` record, callable like the model.
+
+    Raises:
+        CaptureError: torch.export failed; the message names the component and model.
+
+    Example:
+        >>> import torch
+        >>> from hfx import capture
+        >>> ex = export(capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4)))
+        >>> ex(input=torch.ones(5, 3)).shape
+        torch.Size([5, 4])
+    """
+    flat = flatten_signature(capture)
+    shapes = infer_dynamic_shapes(flat, bounds=bounds)
+    chosen = tuple(default_patches(capture.source) if patches is None else patches)
+    program, shapes = _export_refining(flat, shapes, chosen)
+    return Exported(
+        program=program,
+        io=io_spec(program, flat, shapes),
+        dynamic_shapes=shapes,
+        name=capture.name,
+        source_class=type(capture.source).__name__,
+    )
+
+
+def _export_refining(
+    flat: Capture, shapes: DynamicShapes, patches: tuple[Patch, ...]
+) -> tuple[torch.export.ExportedProgram, DynamicShapes]:
+    """Run torch.export, applying its suggested fixes when a dim marked dynamic turns out static."""
+    for _ in range(_MAX_REFINEMENTS + 1):
+        try:
+            return _torch_export(flat, shapes, patches), shapes
+        except torch._dynamo.exc.UserError as exc:  # noqa: SLF001 - the only type constraint violations have
+            refined = refine(shapes, str(exc))
+            if refined is None or refined == shapes:
+                raise _capture_error(flat, exc) from exc
+            shapes = refined
+        except Exception as exc:
+            raise _capture_error(flat, exc) from exc
+    raise _capture_error(flat, RuntimeError("dynamic shapes did not settle"))
+
+
+def _torch_export(flat: Capture, shapes: DynamicShapes, patches: tuple[Patch, ...]) -> torch.export.ExportedProgram:
+    kwargs = widen_unit_axes(shapes, flat.kwargs)
+    with with_patches(*patches), torch.no_grad():
+        return torch.export.export(
+            flat.module, (), kwargs, dynamic_shapes=to_torch(shapes, kwargs), strict=False
+        )
+
+
+def _capture_error(flat: Capture, exc: BaseException) -> CaptureError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    todo = (
+        "Check that the model runs eagerly on these inputs; if it does, the traceback above "
+        "names the operation torch.export could not trace (add a patch for it with export(patches=...))."
+    )
+    return CaptureError(describe("export", flat.source, flat.name, f"torch.export failed: {first}.", todo))
+
+
+def io_spec(program: torch.export.ExportedProgram, flat: Capture, shapes: DynamicShapes) -> IoSpec:
+    """The calling contract of ``program``: flat inputs and outputs with named dims, specs and bounds."""
+    symbols = _symbol_names(program, flat.kwargs, shapes)
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    inputs = [
+        _tensor_spec(name, placeholders[user].meta["val"], symbols)
+        for (name, _), user in zip(named_leaves(flat.kwargs), program.graph_signature.user_inputs)
+    ]
+    output_node = next(n for n in program.graph.nodes if n.op == "output")
+    user_outputs = output_node.args[0][-len(program.graph_signature.user_outputs):] if program.graph_signature.user_outputs else []
+    names = _output_names(program.call_spec.out_spec, len(user_outputs))
+    outputs = [_tensor_spec(name, node.meta["val"], symbols) for name, node in zip(names, user_outputs)]
+    bounds = {}
+    for symbol, name in symbols.items():
+        vr = program.range_constraints.get(symbol)
+        if vr is not None:
+            bounds[name] = (int(vr.lower), _finite(vr.upper))
+    return IoSpec(
+        inputs=inputs,
+        outputs=outputs,
+        in_spec=pytree.treespec_dumps(program.call_spec.in_spec),
+        out_spec=pytree.treespec_dumps(program.call_spec.out_spec),
+        constants=flat.constants,
+        bounds=bounds,
+    )
+
+
+def _finite(bound: Any) -> int | None:
+    """``int(bound)``, or ``None`` for torch's ``int_oo`` / sympy's ``oo``."""
+    return int(bound) if getattr(bound, "is_Integer", False) else None
+
+
+def _symbol_names(program: torch.export.ExportedProgram, kwargs: Mapping[str, Any], shapes: DynamicShapes) -> dict[sympy.Symbol, str]:
+    """Map each input symbol of ``program`` (``s43``) to its dim name (``batch``)."""
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    names: dict[sympy.Symbol, str] = {}
+    for (leaf, _), user in zip(named_leaves(kwargs), program.graph_signature.user_inputs):
+        val = placeholders[user].meta.get("val")
+        for axis, dim in shapes.axes.get(leaf, {}).items():
+            size = val.shape[axis] if isinstance(val, torch.Tensor) else None
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                names.setdefault(size.node.expr, dim)
+    return names
+
+
+def _tensor_spec(name: str, val: Any, symbols: Mapping[sympy.Symbol, str]) -> TensorSpec:
+    if not isinstance(val, torch.Tensor):
+        return TensorSpec(name=name, dtype=type(val).__name__, shape=())
+    shape: list[int | str] = []
+    for size in val.shape:
+        if isinstance(size, torch.SymInt):
+            expr = size.node.expr
+            shape.append(int(expr) if expr.is_number else str(expr.xreplace({s: sympy.Symbol(n) for s, n in symbols.items()})))
+        else:
+            shape.append(int(size))
+    return TensorSpec(name=name, dtype=str(val.dtype).removeprefix("torch."), shape=tuple(shape))
+
+
+def _output_names(out_spec: pytree.TreeSpec, count: int) -> list[str]:
+    """Dotted names of the output leaves (``logits``, ``hidden_states.0``)."""
+    structure = pytree.tree_unflatten(list(range(count)), out_spec)
+    with_paths, _ = pytree.tree_flatten_with_path(structure)
+    from hfx._dynamic_shapes import leaf_name
+
+    return [leaf_name(path) or "output" for path, _ in with_paths]

@@ -1,0 +1,124 @@
+"""Calling a program: keyword arguments in, the model's output structure out.
+
+Every runtime runs a flat list of tensors. These functions turn a caller's
+keyword arguments into that list (checking names, dtypes and shapes against
+the program's ``IoSpec`` so a bad call is a clear error, not a runtime code)
+and turn the flat outputs back into the model's ``ModelOutput``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from hfx._errors import InputError
+from hfx._records import IoSpec, TensorSpec
+
+
+@functools.lru_cache(maxsize=256)
+def load_spec(serialised: str) -> pytree.TreeSpec:
+    """Deserialise a pytree spec (memoised: specs are immutable strings)."""
+    return pytree.treespec_loads(serialised)
+
+
+def input_keys(io: IoSpec) -> tuple[str, ...]:
+    """The top-level keyword arguments a program takes, in graph order."""
+    _, kwargs = pytree.tree_unflatten([None] * len(io.inputs), load_spec(io.in_spec))
+    return tuple(kwargs)
+
+
+def flat_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> list[torch.Tensor]:
+    """Check ``kwargs`` against ``io`` and return the graph's flat input tensors in order.
+
+    Raises:
+        InputError: an unknown or missing input, a constant with another value
+            than the one baked in, or a tensor whose dtype, rank or size the
+            program cannot take; the message names the input and the axis.
+    """
+    keys = input_keys(io)
+    _check_names(io, keys, kwargs, program)
+    leaves, spec = pytree.tree_flatten(((), {k: kwargs[k] for k in keys}))
+    if spec != load_spec(io.in_spec):
+        msg = f"{program}: the structure of the inputs differs from the captured one; expected {load_spec(io.in_spec)}"
+        raise InputError(msg)
+    sizes: dict[str, tuple[int, str]] = {}
+    return [_checked(leaf, tensor_spec, sizes, io, program) for leaf, tensor_spec in zip(leaves, io.inputs)]
+
+
+def _check_names(io: IoSpec, keys: Sequence[str], kwargs: Mapping[str, Any], program: str) -> None:
+    unknown = sorted(set(kwargs) - set(keys) - set(io.constants))
+    if unknown:
+        msg = f"{program} does not take input(s) {unknown}; it takes {list(keys)}"
+        raise InputError(msg)
+    missing = [k for k in keys if k not in kwargs]
+    if missing:
+        msg = f"{program} needs input(s) {missing}; it takes {list(keys)}"
+        raise InputError(msg)
+    for key in set(kwargs) & set(io.constants):
+        if kwargs[key] != io.constants[key]:
+            msg = (
+                f"{program} was exported with {key}={io.constants[key]!r} baked in; got {key}={kwargs[key]!r}. "
+                f"Capture again with {key}={kwargs[key]!r} to export that variant."
+            )
+            raise InputError(msg)
+
+
+def _checked(
+    leaf: Any, spec: TensorSpec, sizes: dict[str, tuple[int, str]], io: IoSpec, program: str
+) -> torch.Tensor:
+    """``leaf`` as a contiguous tensor of ``spec``'s dtype, after checking its shape."""
+    if not isinstance(leaf, torch.Tensor):
+        msg = f"{program}: input {spec.name!r} must be a tensor, got {type(leaf).__name__}"
+        raise InputError(msg)
+    dtype = getattr(torch, spec.dtype)
+    if leaf.dtype != dtype:
+        if leaf.dtype.is_floating_point != dtype.is_floating_point or leaf.dtype == torch.bool:
+            msg = f"{program}: input {spec.name!r} must be {spec.dtype}, got {str(leaf.dtype).removeprefix('torch.')}"
+            raise InputError(msg)
+        leaf = leaf.to(dtype)
+    if leaf.ndim != len(spec.shape):
+        msg = f"{program}: input {spec.name!r} must have {len(spec.shape)} dims {list(spec.shape)}, got {list(leaf.shape)}"
+        raise InputError(msg)
+    for axis, (want, got) in enumerate(zip(spec.shape, leaf.shape)):
+        _check_axis(spec.name, axis, want, int(got), sizes, io, program)
+    return leaf.detach().contiguous()
+
+
+def _check_axis(
+    name: str, axis: int, want: int | str, got: int, sizes: dict[str, tuple[int, str]], io: IoSpec, program: str
+) -> None:
+    if isinstance(want, int):
+        if want != got:
+            msg = f"{program}: axis {axis} of input {name!r} is static {want}, got {got}. Export with that axis dynamic."
+            raise InputError(msg)
+        return
+    seen = sizes.setdefault(want, (got, name))
+    if seen[0] != got:
+        msg = f"{program}: axis {axis} of {name!r} ({want}) is {got} but {seen[0]} in {seen[1]!r}; they must agree"
+        raise InputError(msg)
+    lo, hi = io.bounds.get(want, (0, None))
+    if got < lo or (hi is not None and got > hi):
+        msg = (
+            f"{program}: axis {axis} of input {name!r} ({want}) is {got}, outside the program's bounds "
+            f"[{lo}, {hi}]. Export again with bounds={{{want!r}: ({lo}, {max(got, lo)})}} to accept it."
+        )
+        raise InputError(msg)
+
+
+def structured_outputs(io: IoSpec, flat: Sequence[Any]) -> Any:
+    """Rebuild the model's output structure (a ``ModelOutput``) from the flat outputs."""
+    return pytree.tree_unflatten(list(flat), load_spec(io.out_spec))
+
+
+def call(io: IoSpec, run: Callable[[list[torch.Tensor]], Sequence[Any]], kwargs: Mapping[str, Any], *, program: str) -> Any:
+    """Check ``kwargs``, run the flat graph with ``run`` and return the model's output structure."""
+    flat = flat_inputs(io, kwargs, program=program)
+    outputs = run(flat)
+    if len(outputs) != len(io.outputs):
+        msg = f"{program} returned {len(outputs)} outputs, its spec has {len(io.outputs)}"
+        raise InputError(msg)
+    return structured_outputs(io, outputs)

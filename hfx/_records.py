@@ -1,0 +1,200 @@
+"""Immutable records that flow between hfx stages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+
+def readonly(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """Return a read-only copy of ``mapping`` (the caller's dict is never shared)."""
+    return MappingProxyType(dict(mapping or {}))
+
+
+@attrs.frozen(kw_only=True)
+class DynamicShapes:
+    """Named dynamic axes of a program's inputs and the bounds of each name.
+
+    ``axes`` maps an input's leaf name (``"input_ids"``, ``"pixel_values"``) to
+    ``{axis: dim name}``; every input that shares an axis shares its name.
+    ``bounds`` maps a dim name to ``(min, max)``; ``max`` is ``None`` when unbounded.
+    """
+
+    axes: Mapping[str, Mapping[int, str]] = attrs.field(
+        factory=dict, converter=lambda m: readonly({k: readonly(v) for k, v in dict(m).items()})
+    )
+    bounds: Mapping[str, tuple[int, int | None]] = attrs.field(factory=dict, converter=readonly)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every dim name, in first-use order."""
+        seen: dict[str, None] = {}
+        for per_axis in self.axes.values():
+            seen.update(dict.fromkeys(per_axis.values()))
+        return tuple(seen)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "axes": {k: {str(a): n for a, n in v.items()} for k, v in self.axes.items()},
+            "bounds": {k: list(v) for k, v in self.bounds.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DynamicShapes:
+        """The inverse of ``to_json``."""
+        return cls(
+            axes={k: {int(a): n for a, n in v.items()} for k, v in data["axes"].items()},
+            bounds={k: tuple(v) for k, v in data["bounds"].items()},
+        )
+
+
+@attrs.frozen(kw_only=True)
+class TensorSpec:
+    """One flat graph input or output: its name, dtype and shape (a ``str`` is a named dynamic dim)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...] = attrs.field(converter=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TensorSpec:
+        """The inverse of ``to_json``."""
+        return cls(name=data["name"], dtype=data["dtype"], shape=tuple(data["shape"]))
+
+
+@attrs.frozen(kw_only=True)
+class IoSpec:
+    """The calling contract of an exported graph, shared by every runtime it is lowered to.
+
+    ``inputs``/``outputs`` are the flat graph tensors in order; ``in_spec`` and
+    ``out_spec`` are serialised pytree specs that rebuild the keyword arguments
+    and the model's output structure (a ``ModelOutput``); ``constants`` are the
+    non-tensor keyword arguments baked into the graph at capture.
+    """
+
+    inputs: tuple[TensorSpec, ...] = attrs.field(converter=tuple)
+    outputs: tuple[TensorSpec, ...] = attrs.field(converter=tuple)
+    in_spec: str
+    out_spec: str
+    constants: Mapping[str, Any] = attrs.field(factory=dict, converter=readonly)
+    bounds: Mapping[str, tuple[int, int | None]] = attrs.field(factory=dict, converter=readonly)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Flat graph input names, in order."""
+        return tuple(spec.name for spec in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """Flat graph output names, in order."""
+        return tuple(spec.name for spec in self.outputs)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+            "in_spec": self.in_spec,
+            "out_spec": self.out_spec,
+            "constants": {k: _json_constant(v) for k, v in self.constants.items()},
+            "bounds": {k: list(v) for k, v in self.bounds.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> IoSpec:
+        """The inverse of ``to_json``."""
+        return cls(
+            inputs=[TensorSpec.from_json(s) for s in data["inputs"]],
+            outputs=[TensorSpec.from_json(s) for s in data["outputs"]],
+            in_spec=data["in_spec"],
+            out_spec=data["out_spec"],
+            constants=data["constants"],
+            bounds={k: tuple(v) for k, v in data["bounds"].items()},
+        )
+
+
+def _json_constant(value: Any) -> Any:
+    json.dumps(value)  # constants baked into a graph must round-trip through the manifest
+    return value
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Capture:
+    """A model and the exact keyword arguments it is exported with.
+
+    ``module`` is what ``torch.export`` traces: the user's model, or after
+    ``flatten_signature`` a shallow view of it with a flat ``forward``.
+    ``source`` is always the user's model. ``constants`` are the non-tensor
+    keyword arguments baked into the graph (filled by ``flatten_signature``).
+    """
+
+    module: Any
+    source: Any
+    kwargs: Mapping[str, Any] = attrs.field(converter=readonly)
+    constants: Mapping[str, Any] = attrs.field(factory=dict, converter=readonly)
+    dynamic_shapes: DynamicShapes | None = None
+    is_flat: bool = False
+    name: str = "model"
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Components(Mapping[str, Any]):
+    """An ordered, read-only mapping of component name to record (``Capture``, ``Exported``, a program)."""
+
+    items_: Mapping[str, Any] = attrs.field(converter=readonly, alias="items")
+
+    def __getitem__(self, key: str) -> Any:
+        return self.items_[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.items_)
+
+    def __len__(self) -> int:
+        return len(self.items_)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={type(v).__name__}" for k, v in self.items_.items())
+        return f"Components({inner})"
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Exported:
+    """One ``torch.export`` program, the contract to call it and the shapes that made it.
+
+    Calling it runs the program with the model's keyword arguments and returns
+    the model's output structure. Lower it to any number of runtimes.
+    """
+
+    program: Any  # torch.export.ExportedProgram
+    io: IoSpec
+    dynamic_shapes: DynamicShapes
+    name: str = "model"
+    source_class: str = ""
+    _module: Any = attrs.field(
+        init=False, repr=False, default=attrs.Factory(lambda self: self.program.module(), takes_self=True)
+    )
+
+    def __call__(self, **kwargs: Any) -> Any:
+        """Run the exported program on ``kwargs`` (checked against ``io``)."""
+        from hfx._io import call
+
+        return call(self.io, self._run, kwargs, program=f"Exported({self.name})")
+
+    def _run(self, flat: list[Any]) -> list[Any]:
+        import torch
+        from torch.utils import _pytree as pytree
+
+        from hfx._io import load_spec
+
+        _, kwargs = pytree.tree_unflatten(flat, load_spec(self.io.in_spec))
+        with torch.no_grad():
+            return pytree.tree_leaves(self._module(**kwargs))

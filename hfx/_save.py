@@ -1,0 +1,133 @@
+"""``save`` and ``load``: a directory with a versioned JSON manifest and each runtime's own files."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from hfx._records import Components, IoSpec
+
+SCHEMA_VERSION = 1
+MANIFEST = "hfx.json"
+
+# Program record class -> the module that writes and reads its files. Read-only: nothing registers here.
+_RUNTIME_MODULES = MappingProxyType(
+    {
+        "Exported": "hfx.backends._torch",
+        "OnnxProgram": "hfx.backends._onnx",
+        "PteProgram": "hfx.backends._executorch",
+        "OvProgram": "hfx.backends._openvino",
+    }
+)
+
+
+def _runtime_module(kind: str) -> Any:
+    if kind not in _RUNTIME_MODULES:
+        msg = f"save: cannot save a {kind}; save takes {sorted(_RUNTIME_MODULES)} or Components of them"
+        raise TypeError(msg)
+    return importlib.import_module(_RUNTIME_MODULES[kind])
+
+
+def save(program: Any, directory: str | os.PathLike[str], /, *, overwrite: bool = False) -> Path:
+    """Save a program (or ``Components`` of programs) to ``directory``.
+
+    The directory holds ``hfx.json`` (schema version, hfx and package versions,
+    and per component: runtime, files and calling contract) plus each runtime's
+    own files (``.pt2``, ``.onnx`` + ``.onnx.data``, ``.pte``, ``.xml``/``.bin``).
+    Files are written to a temporary directory next to the target and moved in
+    at the end, so a failed save leaves nothing behind.
+
+    Args:
+        program: an ``Exported``, ``OnnxProgram``, ``PteProgram``, ``OvProgram`` or ``Components``.
+        directory: where to save; must not exist unless ``overwrite``.
+        overwrite: replace an existing directory.
+
+    Returns:
+        The directory's path.
+
+    Raises:
+        FileExistsError: ``directory`` exists and ``overwrite`` is false.
+
+    Example:
+        >>> import torch, tempfile, hfx
+        >>> ex = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 1)))
+        >>> path = save(ex, tempfile.mkdtemp() + "/linear")
+        >>> load(path)(input=torch.ones(4, 3)).shape
+        torch.Size([4, 1])
+    """
+    target = Path(directory)
+    if target.exists() and not overwrite:
+        msg = f"save: {target} already exists; choose another directory or pass overwrite=True"
+        raise FileExistsError(msg)
+    components = program if isinstance(program, Components) else Components(items={program.name: program})
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        manifest = _write_components(components, staging, single=not isinstance(program, Components))
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        _move_into_place(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _write_components(components: Components, staging: Path, *, single: bool) -> dict[str, Any]:
+    from hfx import __version__
+    from hfx.backends._common import versions
+
+    entries = {}
+    for name, program in components.items():
+        kind = type(program).__name__
+        module = _runtime_module(kind)
+        entry = module.save_files(program, staging)
+        entries[name] = {"runtime": module.RUNTIME, "record": kind, "io": program.io.to_json(), **entry}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "hfx_version": __version__,
+        "versions": versions("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "openvino"),
+        "single": single,
+        "components": entries,
+    }
+
+
+def _move_into_place(staging: Path, target: Path) -> None:
+    """Replace ``target`` with ``staging`` so that ``target`` is either old or complete."""
+    if not target.exists():
+        os.replace(staging, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+    os.replace(target, old / "x")
+    os.replace(staging, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load(directory: str | os.PathLike[str], /) -> Any:
+    """Load what ``save`` wrote: one program, or ``Components`` when several were saved.
+
+    Raises:
+        FileNotFoundError: no ``hfx.json`` in ``directory``.
+        ValueError: the manifest was written by a newer hfx schema.
+    """
+    path = Path(directory)
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        msg = f"load: {path} has no {MANIFEST}; it was not written by hfx.save"
+        raise FileNotFoundError(msg)
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("schema_version", 0) > SCHEMA_VERSION:
+        msg = f"load: {path} uses manifest schema {manifest['schema_version']}; this hfx reads up to {SCHEMA_VERSION}. Upgrade hfx."
+        raise ValueError(msg)
+    programs = {
+        name: _runtime_module(entry["record"]).load_files(entry, path, name=name, io=IoSpec.from_json(entry["io"]))
+        for name, entry in manifest["components"].items()
+    }
+    if manifest.get("single") and len(programs) == 1:
+        return next(iter(programs.values()))
+    return Components(items=programs)

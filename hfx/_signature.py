@@ -1,0 +1,81 @@
+"""``flatten_signature``: give the traced forward one named parameter per graph input."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import torch
+from torch.utils import _pytree as pytree
+
+from hfx._compose import per_component
+from hfx._records import Capture
+
+
+def has_tensor(value: Any) -> bool:
+    """Whether any pytree leaf of ``value`` is a tensor."""
+    return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))
+
+
+def _default_constants(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Constants a forward export implies: no KV cache unless the caller passes one."""
+    if "use_cache" in inspect.signature(model.forward).parameters and "use_cache" not in kwargs and "past_key_values" not in kwargs:
+        return {"use_cache": False}
+    return {}
+
+
+def flat_view(model: torch.nn.Module, names: tuple[str, ...], constants: Mapping[str, Any]) -> torch.nn.Module:
+    """A shallow view of ``model`` whose ``forward(*names)`` calls ``model.forward(**inputs, **constants)``.
+
+    The view shares parameters, buffers and submodules with ``model`` (so the
+    graph's weight names are the model's own) but has its own ``__dict__``:
+    ``model`` itself is not touched.
+    """
+    forward = model.forward
+    signature = inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
+    )
+    fixed = dict(constants)
+
+    def flat_forward(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        return forward(**bound.arguments, **fixed)
+
+    flat_forward.__signature__ = signature  # type: ignore[attr-defined]
+    view = copy.copy(model)
+    object.__setattr__(view, "forward", flat_forward)
+    return view
+
+
+@per_component
+def flatten_signature(capture: Capture, /) -> Capture:
+    """Split the captured kwargs into graph inputs (anything holding a tensor) and baked-in constants.
+
+    Models whose forward takes ``**kwargs`` export with dynamic shapes keyed by
+    the flat parameter names. Forward exports of models with a KV cache default
+    to ``use_cache=False``; pass ``use_cache=True`` (or ``decompose``) for caches.
+
+    Args:
+        capture: a ``Capture`` (or ``Components`` of them); returned unchanged when already flat.
+
+    Returns:
+        A new ``Capture`` whose ``module`` is a flat view of the model, ``kwargs``
+        the graph inputs and ``constants`` the rest.
+
+    Example:
+        >>> import torch
+        >>> from hfx import capture
+        >>> c = flatten_signature(capture({"input": torch.ones(1, 2)}, torch.nn.Linear(2, 2)))
+        >>> c.is_flat, list(c.kwargs), dict(c.constants)
+        (True, ['input'], {})
+    """
+    if capture.is_flat:
+        return capture
+    graph_inputs = {k: v for k, v in capture.kwargs.items() if has_tensor(v)}
+    constants = {k: v for k, v in capture.kwargs.items() if not has_tensor(v)}
+    constants = {**_default_constants(capture.source, capture.kwargs), **constants}
+    module = flat_view(capture.source, tuple(graph_inputs), constants)
+    return attrs.evolve(capture, module=module, kwargs=graph_inputs, constants=constants, is_flat=True)

@@ -1,0 +1,114 @@
+"""``verify``: run a program and the eager model on the same inputs and report the differences."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import torch
+from toolz import curry
+
+from hfx._dynamic_shapes import named_leaves
+from hfx._records import Components
+
+
+@attrs.frozen(kw_only=True)
+class OutputDiff:
+    """How far one output of a program is from eager."""
+
+    name: str
+    shape: tuple[int, ...]
+    max_abs: float
+    max_rel: float
+
+
+@attrs.frozen(kw_only=True)
+class Report:
+    """Per-output differences between a program and the eager model, and whether they are within ``atol``."""
+
+    program: str
+    atol: float
+    diffs: tuple[OutputDiff, ...] = attrs.field(converter=tuple)
+
+    @property
+    def max_abs(self) -> float:
+        """The largest absolute difference over every output."""
+        return max((d.max_abs for d in self.diffs), default=0.0)
+
+    @property
+    def passed(self) -> bool:
+        """Whether every output is within ``atol`` of eager (NaN fails)."""
+        return all(d.max_abs <= self.atol for d in self.diffs)
+
+    def __str__(self) -> str:
+        rows = [f"{self.program}: {'PASS' if self.passed else 'FAIL'} (atol {self.atol:g})"]
+        rows += [f"  {d.name:<28} {str(list(d.shape)):<18} max abs {d.max_abs:.3e}  max rel {d.max_rel:.3e}" for d in self.diffs]
+        return "\n".join(rows)
+
+
+def _diff(name: str, got: torch.Tensor, want: torch.Tensor) -> OutputDiff:
+    got, want = got.detach().to(torch.float64), want.detach().to(torch.float64)
+    if got.shape != want.shape:
+        return OutputDiff(name=name, shape=tuple(want.shape), max_abs=float("inf"), max_rel=float("inf"))
+    if got.numel() == 0:
+        return OutputDiff(name=name, shape=tuple(want.shape), max_abs=0.0, max_rel=0.0)
+    delta = (got - want).abs()
+    rel = delta / want.abs().clamp_min(1e-6)
+    max_abs = float(delta.max()) if not delta.isnan().any() else float("nan")
+    return OutputDiff(name=name, shape=tuple(want.shape), max_abs=max_abs, max_rel=float(rel.max()))
+
+
+@curry
+def verify(program: Any, model: torch.nn.Module, inputs: Mapping[str, Any], /, *, atol: float = 1e-4) -> Report:
+    """Compare ``program(**inputs)`` with ``model(**inputs)`` output by output.
+
+    Use inputs of another batch size and sequence length than the capture to
+    check that the dynamic shapes hold. The model runs in eval mode under
+    ``no_grad`` with the constants the program baked in (``use_cache=False`` …);
+    neither the model nor ``inputs`` is changed.
+
+    Args:
+        program: an ``Exported`` or a runtime program (or ``Components`` of them, with
+            ``inputs`` a mapping of component name to inputs).
+        model: the eager model the program was exported from.
+        inputs: keyword arguments for both.
+        atol: the largest absolute difference that passes.
+
+    Returns:
+        A ``Report`` (``Components`` of them for ``Components``).
+
+    Example:
+        >>> import torch
+        >>> from hfx import capture, export
+        >>> lin = torch.nn.Linear(3, 2)
+        >>> verify(export(capture({"input": torch.ones(1, 3)}, lin)), lin, {"input": torch.ones(4, 3)}).passed
+        True
+    """
+    if isinstance(program, Components):
+        return Components(items={k: verify(p, model, inputs[k], atol=atol) for k, p in program.items()})
+    got = program(**inputs)
+    want = eager_outputs(model, {**copy.deepcopy(dict(inputs)), **program.io.constants})
+    got_leaves = dict(named_leaves({"": got}))
+    diffs = [
+        _diff(name.removeprefix("."), got_leaves[name], tensor)
+        for name, tensor in named_leaves({"": want})
+        if isinstance(tensor, torch.Tensor) and name in got_leaves
+    ]
+    missing = [n for n, t in named_leaves({"": want}) if isinstance(t, torch.Tensor) and n not in got_leaves]
+    diffs += [OutputDiff(name=n.removeprefix("."), shape=(), max_abs=float("inf"), max_rel=float("inf")) for n in missing]
+    label = f"{type(program).__name__}({getattr(program, 'name', 'model')})"
+    return Report(program=label, atol=atol, diffs=diffs)
+
+
+def eager_outputs(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> Any:
+    """Run ``model(**kwargs)`` in eval mode under ``no_grad`` and restore its training flags."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(**kwargs)
+    finally:
+        for module, training in flags:
+            module.training = training

@@ -1,0 +1,1 @@
+"""Runtimes hfx lowers to. Each module imports its runtime lazily, at call time."""

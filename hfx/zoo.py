@@ -1,0 +1,114 @@
+"""Tiny random-weight models built from configs (no download), with input builders.
+
+Used by the tests, the examples and the command line's default model.
+
+Example:
+    >>> from hfx import zoo
+    >>> model = zoo.build("llama")
+    >>> sorted(zoo.inputs("llama", batch=2, sequence=5))
+    ['attention_mask', 'input_ids']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+import torch
+
+DEFAULT = "llama"
+
+
+@attrs.frozen(kw_only=True)
+class ZooEntry:
+    """One architecture: how to build its tiny config, which Auto class loads it, what inputs it takes."""
+
+    name: str
+    family: str
+    auto_class: str
+    config: Callable[[], Any] = attrs.field(eq=False)
+    inputs: Callable[[Any, int, int], dict[str, torch.Tensor]] = attrs.field(eq=False)
+
+
+def _token_inputs(config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    """Random token ids with a left-padded first row (when batch > 1), so masks matter."""
+    generator = torch.Generator().manual_seed(batch * 1000 + sequence)
+    ids = torch.randint(3, config.vocab_size, (batch, sequence), generator=generator)
+    mask = torch.ones(batch, sequence, dtype=torch.long)
+    if batch > 1 and sequence > 2:
+        mask[0, : sequence // 3] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _image_inputs(config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    del sequence
+    generator = torch.Generator().manual_seed(batch)
+    size = getattr(config, "image_size", 32)
+    return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
+
+
+def _llama() -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
+def _qwen3() -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+
+
+def _bert() -> Any:
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, max_position_embeddings=128)
+
+
+def _vit() -> Any:
+    from transformers import ViTConfig
+
+    return ViTConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     image_size=32, patch_size=8, num_labels=10)
+
+
+ENTRIES: Mapping[str, ZooEntry] = MappingProxyType(
+    {
+        entry.name: entry
+        for entry in (
+            ZooEntry(name="llama", family="decoder", auto_class="AutoModelForCausalLM", config=_llama, inputs=_token_inputs),
+            ZooEntry(name="qwen3", family="decoder", auto_class="AutoModelForCausalLM", config=_qwen3, inputs=_token_inputs),
+            ZooEntry(name="bert", family="encoder", auto_class="AutoModel", config=_bert, inputs=_token_inputs),
+            ZooEntry(name="vit", family="vision", auto_class="AutoModelForImageClassification", config=_vit, inputs=_image_inputs),
+        )
+    }
+)
+
+
+def entry(name: str) -> ZooEntry:
+    """The zoo entry called ``name``; ``KeyError`` lists the known names."""
+    if name not in ENTRIES:
+        msg = f"hfx.zoo has no {name!r}; known: {sorted(ENTRIES)}"
+        raise KeyError(msg)
+    return ENTRIES[name]
+
+
+def build(name: str = DEFAULT, *, seed: int = 0) -> torch.nn.Module:
+    """A tiny random-weight model of architecture ``name``, in eval mode, built without a download."""
+    import transformers
+
+    spec = entry(name)
+    torch.manual_seed(seed)
+    auto = getattr(transformers, spec.auto_class)
+    return auto.from_config(spec.config()).eval()
+
+
+def inputs(name: str = DEFAULT, *, batch: int = 2, sequence: int = 7) -> dict[str, torch.Tensor]:
+    """Example inputs for ``name`` of the given batch size and sequence length."""
+    spec = entry(name)
+    return spec.inputs(spec.config(), batch, sequence)
