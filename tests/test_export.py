@@ -1,0 +1,143 @@
+"""export: torch.export with named shapes, parity on new shapes, purity, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toolz import pipe
+
+import hfx
+from hfx import zoo
+from tests.helpers import PARITY_MODELS, assert_same_state, new_inputs, state_of
+
+
+@pytest.mark.parametrize("name", PARITY_MODELS)
+def test_exported_matches_eager_on_new_shapes(exported, models, name):
+    report = hfx.verify(exported(name), models(name), new_inputs(name))
+    assert report.passed and report.max_abs <= 1e-4, str(report)
+
+
+@pytest.mark.parametrize("name", PARITY_MODELS)
+def test_exported_returns_the_models_output_type(exported, models, name):
+    with torch.no_grad():
+        eager = models(name)(**new_inputs(name), **exported(name).io.constants)
+    assert type(exported(name)(**new_inputs(name))) is type(eager)
+
+
+def test_io_spec_names_dims_and_outputs(exported):
+    io = exported("llama").io
+    assert io.input_names == ("input_ids", "attention_mask")
+    assert [s.shape for s in io.inputs] == [("batch", "sequence"), ("batch", "sequence")]
+    assert io.output_names == ("logits",)
+    assert io.outputs[0].shape == ("batch", "sequence", 256)
+    assert io.bounds["sequence"] == (1, 256)
+
+
+def test_a_fixed_image_size_becomes_static(exported):
+    assert exported("vit").io.inputs[0].shape == ("batch", 3, 32, 32)
+    assert "height" not in exported("vit").dynamic_shapes.bounds
+
+
+def test_export_pipes_and_is_one_symbol_per_axis(models):
+    ex = pipe(models("bert"), hfx.capture(zoo.inputs("bert")), hfx.export)
+    assert len(ex.program.range_constraints) == 2
+
+
+def test_batch_one_capture_stays_dynamic(models):
+    ex = hfx.export(hfx.capture(zoo.inputs("llama", batch=1, sequence=1), models("llama")))
+    assert ex.io.inputs[0].shape == ("batch", "sequence")
+    assert hfx.verify(ex, models("llama"), new_inputs("llama")).passed
+
+
+def test_export_leaves_model_and_inputs_unchanged(models):
+    model = models("llama")
+    inputs = zoo.inputs("llama")
+    before_inputs = {k: v.clone() for k, v in inputs.items()}
+    before_state = state_of(model)
+    before_attrs = {id(m): dict(vars(m)) for m in model.modules()}
+    model.train()
+    with torch.no_grad():
+        eager_before = model.eval()(**new_inputs("llama")).logits
+    model.train()
+    hfx.export(hfx.capture(inputs, model))
+    assert model.training  # the training flag is given back
+    model.eval()
+    assert_same_state(model, before_state)
+    assert all(torch.equal(inputs[k], before_inputs[k]) for k in inputs)
+    assert {id(m): vars(m).keys() for m in model.modules()} == {k: v.keys() for k, v in before_attrs.items()}
+    with torch.no_grad():
+        assert torch.equal(model(**new_inputs("llama")).logits, eager_before)
+
+
+def test_failed_export_leaves_the_model_unchanged():
+    class Broken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            self.touched = True
+            if x.sum() > 0:  # data-dependent control flow: not traceable
+                return self.linear(x)
+            return x
+
+    model = Broken()
+    before = state_of(model)
+    with pytest.raises(hfx.CaptureError, match=r"\[export\] component 'model' of Broken"):
+        hfx.export(hfx.capture({"x": torch.ones(2, 2)}, model))
+    assert "touched" not in vars(model)
+    assert_same_state(model, before)
+
+
+def test_flash_attention_is_switched_to_sdpa_for_the_export_only():
+    model = zoo.build("llama")
+    model.config._attn_implementation_internal = "flash_attention_2"
+    ex = hfx.export(hfx.capture(zoo.inputs("llama"), model))
+    assert model.config._attn_implementation == "flash_attention_2"
+    model.config._attn_implementation_internal = "sdpa"
+    assert hfx.verify(ex, model, new_inputs("llama")).passed
+
+
+def test_export_accepts_explicit_patches(models):
+    entered = []
+
+    import contextlib
+
+    @contextlib.contextmanager
+    def marker():
+        entered.append(True)
+        yield
+
+    hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 1)), patches=(marker,))
+    assert entered == [True]
+
+
+def test_exported_rejects_an_unknown_input(exported):
+    with pytest.raises(hfx.InputError, match="input_idz"):
+        exported("llama")(input_idz=torch.ones(1, 1, dtype=torch.long))
+
+
+def test_exported_rejects_a_changed_constant(exported):
+    with pytest.raises(hfx.InputError, match="use_cache"):
+        exported("llama")(**new_inputs("llama"), use_cache=True)
+
+
+def test_exported_rejects_sizes_beyond_bounds(exported):
+    too_long = zoo.inputs("llama", batch=1, sequence=300)
+    with pytest.raises(hfx.InputError, match=r"sequence.*300.*\[1, 256\]"):
+        exported("llama")(**too_long)
+
+
+def test_export_maps_over_components(models):
+    parts = hfx.Components(items={"a": hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 1))})
+    out = hfx.export(parts)
+    assert isinstance(out, hfx.Components) and isinstance(out["a"], hfx.Exported)
+
+
+def test_export_failure_in_a_component_names_it():
+    class Bad(torch.nn.Module):
+        def forward(self, x):
+            return x.item()
+
+    with pytest.raises(hfx.ComponentError, match="component 'enc'"):
+        hfx.export(hfx.Components(items={"enc": hfx.capture({"x": torch.ones(2)}, Bad())}))

@@ -1,0 +1,60 @@
+"""save/load: a manifest plus runtime files; atomic; components kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hfx
+from hfx._save import MANIFEST, SCHEMA_VERSION
+from tests.helpers import new_inputs
+
+
+def test_round_trip_of_an_exported_program(exported, tmp_path):
+    path = hfx.save(exported("llama"), tmp_path / "llama")
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert manifest["schema_version"] == SCHEMA_VERSION
+    assert manifest["components"]["model"]["runtime"] == "pt2"
+    assert sorted(p.name for p in path.iterdir()) == [MANIFEST, "model.pt2"]
+    loaded = hfx.load(path)
+    assert loaded.io == exported("llama").io
+    assert torch.equal(loaded(**new_inputs("llama")).logits, exported("llama")(**new_inputs("llama")).logits)
+
+
+def test_components_round_trip(exported, tmp_path):
+    parts = hfx.Components(items={"text": exported("bert"), "image": exported("vit")})
+    loaded = hfx.load(hfx.save(parts, tmp_path / "two"))
+    assert isinstance(loaded, hfx.Components) and list(loaded) == ["text", "image"]
+
+
+def test_existing_directory_is_refused_unless_overwrite(exported, tmp_path):
+    target = tmp_path / "x"
+    target.mkdir()
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        hfx.save(exported("bert"), target)
+    hfx.save(exported("bert"), target, overwrite=True)
+    assert (target / MANIFEST).exists()
+
+
+def test_a_failed_save_leaves_nothing(tmp_path):
+    with pytest.raises(TypeError, match="cannot save"):
+        hfx.save(hfx.Components(items={"a": object()}), tmp_path / "bad")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_overwrite_keeps_the_old_directory(exported, tmp_path):
+    target = hfx.save(exported("bert"), tmp_path / "keep")
+    with pytest.raises(TypeError):
+        hfx.save(hfx.Components(items={"a": object()}), target, overwrite=True)
+    assert hfx.load(target).io == exported("bert").io
+    assert [p.name for p in tmp_path.iterdir()] == ["keep"]
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not written by hfx.save"):
+        hfx.load(tmp_path)
+    (tmp_path / MANIFEST).write_text(json.dumps({"schema_version": 99, "components": {}}))
+    with pytest.raises(ValueError, match="Upgrade hfx"):
+        hfx.load(tmp_path)

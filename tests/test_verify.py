@@ -1,0 +1,48 @@
+"""verify: per-output differences against eager on new inputs."""
+
+from __future__ import annotations
+
+import torch
+
+import hfx
+from hfx._verify import OutputDiff, Report
+from tests.helpers import assert_same_state, new_inputs, state_of
+
+
+def test_report_lists_every_output(exported, models):
+    report = hfx.verify(exported("llama"), models("llama"), new_inputs("llama"))
+    assert [d.name for d in report.diffs] == ["logits"]
+    assert report.diffs[0].shape == (3, 11, 256)
+    assert "PASS" in str(report)
+
+
+def test_a_difference_beyond_atol_fails():
+    report = Report(program="p", atol=1e-4, diffs=[OutputDiff(name="x", shape=(1,), max_abs=1e-3, max_rel=1.0)])
+    assert not report.passed and "FAIL" in str(report)
+
+
+def test_nan_fails():
+    report = Report(program="p", atol=1e-4, diffs=[OutputDiff(name="x", shape=(1,), max_abs=float("nan"), max_rel=0.0)])
+    assert not report.passed
+
+
+def test_verify_detects_a_wrong_program(models):
+    model = models("bert")
+    other = hfx.export(hfx.capture(new_inputs("bert"), hfx.zoo.build("bert", seed=1)))
+    assert not hfx.verify(other, model, new_inputs("bert")).passed
+
+
+def test_verify_changes_nothing(exported, models):
+    model = models("bert")
+    inputs = new_inputs("bert")
+    before = state_of(model)
+    copies = {k: v.clone() for k, v in inputs.items()}
+    hfx.verify(exported("bert"), model, inputs)
+    assert_same_state(model, before)
+    assert all(torch.equal(inputs[k], copies[k]) for k in inputs)
+
+
+def test_verify_maps_over_components(exported, models):
+    parts = hfx.Components(items={"m": exported("bert")})
+    reports = hfx.verify(parts, models("bert"), {"m": new_inputs("bert")})
+    assert reports["m"].passed
