@@ -1,0 +1,7 @@
+"""``python -m hfx`` is the ``hfx`` command."""
+
+import sys
+
+from hfx._cli import main
+
+sys.exit(main())
