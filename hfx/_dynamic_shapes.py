@@ -116,20 +116,35 @@ def infer_dynamic_shapes(
 
 
 def to_torch(shapes: DynamicShapes, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``dynamic_shapes`` argument of ``torch.export.export`` for ``kwargs``: one ``Dim`` per name."""
+    """The ``dynamic_shapes`` argument of ``torch.export.export`` for ``kwargs``: one ``Dim`` per name.
+
+    torch.export wants a custom pytree node (a cache, a ``ModelOutput``) given
+    as the list of its children's shapes, so nodes are walked one level at a time.
+    """
     dims = {
         name: torch.export.Dim(name, min=lo, max=hi) if hi is not None else torch.export.Dim(name, min=lo)
         for name, (lo, hi) in shapes.bounds.items()
     }
-    with_paths, spec = pytree.tree_flatten_with_path(dict(kwargs))
-    per_leaf = []
-    for path, leaf in with_paths:
+
+    def per_tensor(path: tuple[Any, ...], tensor: torch.Tensor) -> dict[int, Any] | None:
         per_axis = shapes.axes.get(leaf_name(path), {})
-        if isinstance(leaf, torch.Tensor):
-            per_leaf.append({axis: dims[name] for axis, name in per_axis.items()} or None)
-        else:
-            per_leaf.append(None)
-    return pytree.tree_unflatten(per_leaf, spec)
+        return {axis: dims[name] for axis, name in per_axis.items()} or None
+
+    return {key: _shape_tree(value, (pytree.MappingKey(key),), per_tensor) for key, value in kwargs.items()}
+
+
+def _shape_tree(value: Any, path: tuple[Any, ...], per_tensor: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return per_tensor(path, value)
+    node = pytree.SUPPORTED_NODES.get(type(value))
+    if node is None:
+        return None
+    if type(value) in (dict, list, tuple):
+        keyed = node.flatten_with_keys_fn(value)[0]
+        children = [_shape_tree(child, (*path, key), per_tensor) for key, child in keyed]
+        return dict(zip(value, children)) if isinstance(value, dict) else type(value)(children)
+    keyed = node.flatten_with_keys_fn(value)[0] if node.flatten_with_keys_fn else []
+    return [_shape_tree(child, (*path, key), per_tensor) for key, child in keyed]
 
 
 def widen_unit_axes(shapes: DynamicShapes, kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -161,7 +161,7 @@ def _tensor_spec(name: str, val: Any, symbols: Mapping[sympy.Symbol, str]) -> Te
 
 def _output_names(out_spec: pytree.TreeSpec, count: int) -> list[str]:
     """Dotted names of the output leaves (``logits``, ``hidden_states.0``)."""
-    structure = pytree.tree_unflatten(list(range(count)), out_spec)
+    structure = pytree.tree_unflatten([torch.empty(0)] * count, out_spec)
     with_paths, _ = pytree.tree_flatten_with_path(structure)
     from hfx._dynamic_shapes import leaf_name
 

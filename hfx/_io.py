@@ -15,14 +15,16 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from hfx._caches import classes_in_spec, registered_caches
 from hfx._errors import InputError
 from hfx._records import IoSpec, TensorSpec
 
 
 @functools.lru_cache(maxsize=256)
 def load_spec(serialised: str) -> pytree.TreeSpec:
-    """Deserialise a pytree spec (memoised: specs are immutable strings)."""
-    return pytree.treespec_loads(serialised)
+    """Deserialise a pytree spec (memoised: specs are immutable strings); cache classes it names are registered meanwhile."""
+    with registered_caches(classes_in_spec(serialised)):
+        return pytree.treespec_loads(serialised)
 
 
 def input_keys(io: IoSpec) -> tuple[str, ...]:
@@ -115,10 +117,14 @@ def structured_outputs(io: IoSpec, flat: Sequence[Any]) -> Any:
 
 
 def call(io: IoSpec, run: Callable[[list[torch.Tensor]], Sequence[Any]], kwargs: Mapping[str, Any], *, program: str) -> Any:
-    """Check ``kwargs``, run the flat graph with ``run`` and return the model's output structure."""
-    flat = flat_inputs(io, kwargs, program=program)
-    outputs = run(flat)
-    if len(outputs) != len(io.outputs):
-        msg = f"{program} returned {len(outputs)} outputs, its spec has {len(io.outputs)}"
-        raise InputError(msg)
-    return structured_outputs(io, outputs)
+    """Check ``kwargs``, run the flat graph with ``run`` and return the model's output structure.
+
+    Cache classes named by the program's specs are pytree nodes for the length of the call.
+    """
+    with registered_caches(classes_in_spec(io.in_spec) + classes_in_spec(io.out_spec)):
+        flat = flat_inputs(io, kwargs, program=program)
+        outputs = run(flat)
+        if len(outputs) != len(io.outputs):
+            msg = f"{program} returned {len(outputs)} outputs, its spec has {len(io.outputs)}"
+            raise InputError(msg)
+        return structured_outputs(io, outputs)

@@ -11,6 +11,7 @@ import attrs
 import torch
 from torch.utils import _pytree as pytree
 
+from hfx._caches import is_cache
 from hfx._compose import per_component
 from hfx._records import Capture
 
@@ -18,6 +19,11 @@ from hfx._records import Capture
 def has_tensor(value: Any) -> bool:
     """Whether any pytree leaf of ``value`` is a tensor."""
     return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))
+
+
+def is_graph_input(value: Any) -> bool:
+    """Tensors, containers of them and caches (even an empty one, which the graph fills) are graph inputs."""
+    return has_tensor(value) or is_cache(value)
 
 
 def _default_constants(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,8 +80,8 @@ def flatten_signature(capture: Capture, /) -> Capture:
     """
     if capture.is_flat:
         return capture
-    graph_inputs = {k: v for k, v in capture.kwargs.items() if has_tensor(v)}
-    constants = {k: v for k, v in capture.kwargs.items() if not has_tensor(v)}
+    graph_inputs = {k: v for k, v in capture.kwargs.items() if is_graph_input(v)}
+    constants = {k: v for k, v in capture.kwargs.items() if not is_graph_input(v)}
     constants = {**_default_constants(capture.source, capture.kwargs), **constants}
     module = flat_view(capture.source, tuple(graph_inputs), constants)
     return attrs.evolve(capture, module=module, kwargs=graph_inputs, constants=constants, is_flat=True)

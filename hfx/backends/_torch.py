@@ -14,8 +14,11 @@ def save_files(program: Exported, directory: Path) -> dict[str, Any]:
     """Write ``<name>.pt2`` into ``directory``; return the manifest entry."""
     import torch
 
+    from hfx._caches import registered_caches
+
     filename = f"{program.name}.pt2"
-    torch.export.save(program.program, directory / filename)
+    with registered_caches():
+        torch.export.save(program.program, directory / filename)
     return {
         "files": [filename],
         "dynamic_shapes": program.dynamic_shapes.to_json(),
@@ -27,8 +30,12 @@ def load_files(entry: dict[str, Any], directory: Path, *, name: str, io: IoSpec)
     """Load a program written by ``save_files``."""
     import torch
 
+    from hfx._caches import registered_caches
+
+    with registered_caches():
+        program = torch.export.load(directory / entry["files"][0])
     return Exported(
-        program=torch.export.load(directory / entry["files"][0]),
+        program=program,
         io=io,
         dynamic_shapes=DynamicShapes.from_json(entry["dynamic_shapes"]),
         name=name,

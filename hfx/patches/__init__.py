@@ -12,6 +12,7 @@ import functools
 
 import torch
 
+from hfx._caches import cache_classes, registered_caches
 from hfx.patches._core import Patch, swap_attr, swap_item, with_patches
 from hfx.patches._model import patch_attention_implementation, patch_eval_mode, preserve_module_state
 from hfx.patches._torch import patch_sdpa_fully_masked_rows
@@ -21,7 +22,7 @@ TORCH_PATCHES: tuple[Patch, ...] = (patch_sdpa_fully_masked_rows,)
 
 
 def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
-    """Return the patches ``export`` enters for ``model``: model state kept, eval mode, exportable attention, torch fixes.
+    """Return the patches ``export`` enters for ``model``: caches as pytrees, model state kept, eval mode, exportable attention, torch fixes.
 
     Args:
         model: the user's model; the model patches are bound to it.
@@ -32,13 +33,13 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Example:
         >>> import torch
         >>> [getattr(p, "func", p).__name__ for p in default_patches(torch.nn.Linear(1, 1))]
-        ['preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_sdpa_fully_masked_rows']
+        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_sdpa_fully_masked_rows']
     """
     bound = tuple(
         functools.partial(patch, model)
         for patch in (preserve_module_state, patch_eval_mode, patch_attention_implementation)
     )
-    return bound + TORCH_PATCHES
+    return (functools.partial(registered_caches, cache_classes(model)), *bound, *TORCH_PATCHES)
 
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "patch_eval_mode",
     "patch_sdpa_fully_masked_rows",
     "preserve_module_state",
+    "registered_caches",
     "swap_attr",
     "swap_item",
     "with_patches",

@@ -1,0 +1,180 @@
+"""Cache classes as pytree nodes, found by reflection and registered only while hfx needs them.
+
+``torch.export`` flattens every input and output into tensors with
+``torch.utils._pytree``; a transformers ``Cache`` (``DynamicCache``,
+``StaticCache``, ``EncoderDecoderCache``, the SSM caches, a model's own cache
+class) and its layers are not pytree nodes. ``registered_caches`` registers
+every cache and cache-layer class it finds with one generic flatten: attributes
+that hold tensors (or other caches) are children, the rest is a JSON-ready
+context. It deregisters on exit what it registered, so nothing stays in torch's
+registry after a stage (and nothing is registered at import).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+
+def _subclasses(root: type) -> list[type]:
+    found = []
+    for sub in root.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def cache_classes(model: torch.nn.Module | None = None) -> tuple[type, ...]:
+    """Every transformers cache and cache-layer class, plus the ``*Cache`` classes of ``model``'s module."""
+    from transformers import cache_utils
+
+    roots = [cache_utils.Cache, cache_utils.CacheLayerMixin]
+    roots += [getattr(cache_utils, name) for name in ("LinearAttentionCacheLayerMixin",) if hasattr(cache_utils, name)]
+    classes = {cls: None for root in roots for cls in (root, *_subclasses(root))}
+    if model is not None:
+        module = sys.modules.get(type(model).__module__)
+        for value in vars(module).values() if module else ():
+            if isinstance(value, type) and value.__name__.endswith("Cache") and value.__module__ == module.__name__:
+                classes[value] = None
+    return tuple(classes)
+
+
+def is_cache(value: Any) -> bool:
+    """Whether ``value`` is a transformers cache object (or a model's own ``*Cache``)."""
+    from transformers.cache_utils import Cache
+
+    return isinstance(value, Cache) or (type(value).__name__.endswith("Cache") and hasattr(value, "__dict__"))
+
+
+def _holds_nodes(value: Any, classes: frozenset[type]) -> bool:
+    """Whether ``value`` contains a tensor or a cache object (so it must be a pytree child)."""
+    if isinstance(value, torch.Tensor) or type(value) in classes:
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_nodes(v, classes) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_nodes(v, classes) for v in value.values())
+    return False
+
+
+def _flatten(classes: frozenset[type], obj: Any) -> tuple[list[Any], Any]:
+    state = vars(obj)
+    children = tuple(k for k, v in state.items() if _holds_nodes(v, classes))
+    static = tuple((k, v) for k, v in state.items() if k not in children)
+    return [state[k] for k in children], (children, static)
+
+
+def _flatten_with_keys(classes: frozenset[type], obj: Any) -> tuple[list[tuple[Any, Any]], Any]:
+    values, context = _flatten(classes, obj)
+    return [(pytree.GetAttrKey(k), v) for k, v in zip(context[0], values)], context
+
+
+def _unflatten(cls: type, values: Iterable[Any], context: Any) -> Any:
+    children, static = context
+    obj = cls.__new__(cls)
+    vars(obj).update(static)
+    vars(obj).update(zip(children, values))
+    return obj
+
+
+def _encode(value: Any) -> Any:
+    """A JSON-ready form of a context value (dtypes, devices, classes, containers)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, type):
+        return {"class": f"{value.__module__}:{value.__qualname__}"}
+    if isinstance(value, (list, tuple)):
+        return {type(value).__name__: [_encode(v) for v in value]}
+    if isinstance(value, dict):
+        return {"dict": [[_encode(k), _encode(v)] for k, v in value.items()]}
+    msg = f"cannot save a cache attribute of type {type(value).__name__} ({value!r})"
+    raise TypeError(msg)
+
+
+def _decode(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    (tag, inner), = value.items()
+    if tag == "dtype":
+        return getattr(torch, inner)
+    if tag == "device":
+        return torch.device(inner)
+    if tag == "class":
+        module, qualname = inner.split(":")
+        return functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
+    if tag == "dict":
+        return {_decode(k): _decode(v) for k, v in inner}
+    items = [_decode(v) for v in inner]
+    return tuple(items) if tag == "tuple" else items
+
+
+def _to_dumpable(context: Any) -> str:
+    children, static = context
+    return json.dumps({"children": list(children), "static": [[k, _encode(v)] for k, v in static]})
+
+
+def _from_dumpable(dumped: str) -> Any:
+    data = json.loads(dumped)
+    return tuple(data["children"]), tuple((k, _decode(v)) for k, v in data["static"])
+
+
+@contextlib.contextmanager
+def registered_caches(classes: Iterable[type] | None = None) -> Iterator[None]:
+    """Register ``classes`` (default: every cache class found) as pytree nodes inside the block.
+
+    Classes already registered (by the user or torch) are left alone; the ones
+    registered here are removed on exit, also after an error.
+    """
+    wanted = tuple(cache_classes() if classes is None else classes)
+    node_classes = frozenset(wanted)
+    added = []
+    try:
+        for cls in wanted:
+            if cls in pytree.SUPPORTED_NODES:
+                continue
+            pytree.register_pytree_node(
+                cls,
+                functools.partial(_flatten, node_classes),
+                functools.partial(_unflatten, cls),
+                serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+                to_dumpable_context=_to_dumpable,
+                from_dumpable_context=_from_dumpable,
+                flatten_with_keys_fn=functools.partial(_flatten_with_keys, node_classes),
+            )
+            added.append(cls)
+        yield
+    finally:
+        for cls in added:
+            pytree._deregister_pytree_node(cls)  # noqa: SLF001 - the only way to undo register_pytree_node
+
+
+def classes_in_spec(serialised: str) -> tuple[type, ...]:
+    """The non-builtin node classes a serialised treespec names that are cache classes (imported by name)."""
+    return _classes_in_spec(serialised)
+
+
+@functools.lru_cache(maxsize=256)
+def _classes_in_spec(serialised: str) -> tuple[type, ...]:
+    names: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("type"), str):
+                names.add(node["type"])
+            for child in node.get("children_spec", []):
+                walk(child)
+
+    walk(json.loads(serialised)[1])
+    known = {f"{c.__module__}.{c.__qualname__}": c for c in cache_classes()}
+    return tuple(known[n] for n in sorted(names) if n in known)
