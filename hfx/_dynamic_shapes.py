@@ -48,17 +48,72 @@ def named_leaves(kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return [(leaf_name(path), leaf) for path, leaf in with_paths]
 
 
-def _rule_for(name: str) -> Mapping[int, str] | None:
-    last = name.rsplit(".", 1)[-1]
-    return next((rule for names, rule in _AXIS_RULES if last in names), None)
+def owned_tensors(kwargs: Mapping[str, Any]) -> list[tuple[str, torch.Tensor, tuple[type, ...]]]:
+    """Every tensor in ``kwargs`` with its dotted name and the classes of the objects holding it.
+
+    Named like ``named_leaves`` (``past_key_values.layers.0.keys``), but walking
+    cache objects by their attributes so a rule can tell a static cache layer
+    from a dynamic one.
+    """
+    found: list[tuple[str, torch.Tensor, tuple[type, ...]]] = []
+
+    def walk(value: Any, name: str, owners: tuple[type, ...]) -> None:
+        if isinstance(value, torch.Tensor):
+            found.append((name, value, owners))
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(item, f"{name}.{index}", owners)
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(item, f"{name}.{key}", owners)
+        elif hasattr(value, "__dict__") and not isinstance(value, torch.nn.Module):
+            for key, item in vars(value).items():
+                walk(item, f"{name}.{key}", (*owners, type(value)))
+
+    for key, value in kwargs.items():
+        walk(value, key, ())
+    return found
+
+
+def _cache_rule(name: str, owners: tuple[type, ...]) -> Mapping[int, str]:
+    """Axes of a tensor held by a cache: keys/values grow along the past, static layers do not."""
+    layer = owners[-1].__name__
+    if ".cross_attention_cache." in name:
+        return {0: "batch", 2: "sequence"}  # cross-attention keys span the encoder's tokens
+    if name.rsplit(".", 1)[-1] in ("keys", "values") and "Static" not in layer:
+        return {0: "batch", 2: "past_sequence"}
+    return {0: "batch"}
+
+
+def _rule_for(name: str, owners: tuple[type, ...] = ()) -> Mapping[int, str] | None:
+    if owners:
+        return _cache_rule(name, owners)
+    top = name.split(".", 1)[0]
+    if top in ("encoder_outputs", "encoder_hidden_states"):
+        return {0: "batch", 1: "sequence"}
+    return next((rule for names, rule in _AXIS_RULES if top in names), None)
+
+
+# (input, dim) -> the name an axis gets when its size differs from the dim's: a decode step's mask
+# spans the past and the new tokens.
+_CONFLICT_NAMES: Mapping[tuple[str, str], str] = {("attention_mask", "sequence"): "total_sequence"}
+# Inputs whose sizes define the dims, named first so the others are compared against them.
+_PRIMARY = ("input_ids", "decoder_input_ids", "inputs_embeds", "pixel_values", "input_features", "input_values")
 
 
 def _default_bounds(model: torch.nn.Module | None) -> dict[str, tuple[int, int | None]]:
     """Bounds a dim gets when the caller sets none: the model's own position limit for sequences."""
     config = getattr(model, "config", None)
+    config = getattr(config, "get_text_config", lambda: config)() if config is not None else None
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    sequence = (1, int(limit)) if isinstance(limit, int) and limit > 1 else (1, None)
-    return {"sequence": sequence, "decoder_sequence": sequence}
+    limit = int(limit) if isinstance(limit, int) and limit > 1 else None
+    sequence = (1, limit)
+    return {
+        "sequence": sequence,
+        "decoder_sequence": sequence,
+        "total_sequence": sequence,
+        "past_sequence": (1, limit),
+    }
 
 
 @per_component
@@ -68,12 +123,14 @@ def infer_dynamic_shapes(
     *,
     bounds: Mapping[str, tuple[int, int | None]] | None = None,
 ) -> DynamicShapes:
-    """Name the dynamic axes of the captured inputs: batch, sequence, height, width, frames ...
+    """Name the dynamic axes of the captured inputs: batch, sequence, past_sequence, height, width ...
 
     Inputs that share an axis share one name (``input_ids`` and
     ``attention_mask`` share ``batch`` and ``sequence``), so the export has few
-    symbols and the ONNX graph carries readable axis names. Axis 0 of any other
-    tensor whose size is the batch size is ``batch``; other axes stay static.
+    symbols and the ONNX graph carries readable axis names. Cache keys and
+    values grow along ``past_sequence`` (a static cache's do not); a decode
+    step's mask spans ``total_sequence``. Axis 0 of any other tensor whose size
+    is the batch size is ``batch``; other axes stay static.
 
     Args:
         capture: a ``Capture`` (or ``Components``).
@@ -92,24 +149,26 @@ def infer_dynamic_shapes(
     """
     if capture.dynamic_shapes is not None:
         return capture.dynamic_shapes
-    tensors = [(n, t) for n, t in named_leaves(capture.kwargs) if isinstance(t, torch.Tensor)]
-    batch = next((t.shape[0] for n, t in tensors if _rule_for(n) and t.ndim), None)
+    tensors = owned_tensors(capture.kwargs)
+    ordered = sorted(tensors, key=lambda item: item[0].split(".", 1)[0] not in _PRIMARY)
+    batch = next((t.shape[0] for n, t, o in ordered if _rule_for(n, o) and t.ndim), None)
     if batch is None and tensors and tensors[0][1].ndim:
         batch = tensors[0][1].shape[0]
     hints: dict[str, int] = {}
     axes: dict[str, dict[int, str]] = {}
-    for name, tensor in tensors:
-        rule = _rule_for(name) or ({0: "batch"} if tensor.ndim and tensor.shape[0] == batch else {})
+    for name, tensor, owners in ordered:
+        rule = _rule_for(name, owners) or ({0: "batch"} if tensor.ndim and tensor.shape[0] == batch else {})
         per_axis: dict[int, str] = {}
         for axis, dim in rule.items():
-            if not -tensor.ndim <= axis < tensor.ndim or tensor.shape[axis] == 0:
+            if not -tensor.ndim <= axis < tensor.ndim or (tensor.shape[axis] == 0 and dim != "past_sequence"):
                 continue
             size = int(tensor.shape[axis])
-            # An axis named like another but of a different size gets its own name.
-            dim = dim if hints.setdefault(dim, size) == size else f"{dim}_{name.replace('.', '_')}"
-            hints.setdefault(dim, size)
+            if hints.setdefault(dim, size) != size:
+                dim = _CONFLICT_NAMES.get((name, dim), f"{dim}_{name.replace('.', '_')}")
+                hints.setdefault(dim, size)
             per_axis[axis % tensor.ndim] = dim
         axes[name] = per_axis
+    axes = {name: axes[name] for name, _, _ in tensors}
     used = {dim for per_axis in axes.values() for dim in per_axis.values()}
     all_bounds = {**_default_bounds(capture.source), **dict(bounds or {})}
     return DynamicShapes(axes=axes, bounds={d: tuple(all_bounds.get(d, (1, None))) for d in sorted(used)})

@@ -10,6 +10,7 @@ import torch
 from toolz import curry
 from torch.utils import _pytree as pytree
 
+from hfx._caches import cache_classes, registered_caches
 from hfx._compose import per_component
 from hfx._dynamic_shapes import infer_dynamic_shapes, named_leaves, refine, to_torch, widen_unit_axes
 from hfx._errors import CaptureError, describe
@@ -57,14 +58,15 @@ def export(
     flat = flatten_signature(capture)
     shapes = infer_dynamic_shapes(flat, bounds=bounds)
     chosen = tuple(default_patches(capture.source) if patches is None else patches)
-    program, shapes = _export_refining(flat, shapes, chosen)
-    return Exported(
-        program=program,
-        io=io_spec(program, flat, shapes),
-        dynamic_shapes=shapes,
-        name=capture.name,
-        source_class=type(capture.source).__name__,
-    )
+    with registered_caches(cache_classes(capture.source)):  # io_spec and module() walk cache outputs
+        program, shapes = _export_refining(flat, shapes, chosen)
+        return Exported(
+            program=program,
+            io=io_spec(program, flat, shapes),
+            dynamic_shapes=shapes,
+            name=capture.name,
+            source_class=type(capture.source).__name__,
+        )
 
 
 def _export_refining(
@@ -88,7 +90,8 @@ def _torch_export(flat: Capture, shapes: DynamicShapes, patches: tuple[Patch, ..
     kwargs = widen_unit_axes(shapes, flat.kwargs)
     with with_patches(*patches), torch.no_grad():
         return torch.export.export(
-            flat.module, (), kwargs, dynamic_shapes=to_torch(shapes, kwargs), strict=False
+            flat.module, (), kwargs, dynamic_shapes=to_torch(shapes, kwargs), strict=False,
+            prefer_deferred_runtime_asserts_over_guards=True,
         )
 
 

@@ -37,7 +37,7 @@ def test_axes_of_different_sizes_get_different_names(models):
     mask = torch.ones(2, 9, dtype=torch.long)  # a decode step: the mask spans past + new tokens
     shapes = hfx.infer_dynamic_shapes(hfx.capture({"input_ids": ids, "attention_mask": mask}, models("llama")))
     assert shapes.axes["input_ids"][1] == "sequence"
-    assert shapes.axes["attention_mask"][1] == "sequence_attention_mask"
+    assert shapes.axes["attention_mask"][1] == "total_sequence"
     assert shapes.axes["attention_mask"][0] == "batch"
 
 

@@ -1,0 +1,195 @@
+"""``decompose``: split a generative model into the graphs ``generate()`` really runs.
+
+It runs the model's own ``generate()`` once with forward hooks and records the
+exact keyword arguments of each call: the encoder (for encoder-decoder
+models, called outside ``forward``), the prefill and a decode step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import attrs
+import torch
+from toolz import curry
+
+from hfx._caches import is_cache
+from hfx._dynamic_shapes import infer_dynamic_shapes, owned_tensors
+from hfx._errors import CaptureError, describe
+from hfx._records import Capture, Components, DynamicShapes
+from hfx.patches import preserve_module_state
+
+_MIN_PAST = 2  # a decode captured with a past of 0 or 1 would specialise that axis
+
+
+def can_generate(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has a working ``generate()`` (a language-model head)."""
+    check = getattr(model, "can_generate", None)
+    return bool(check()) if callable(check) else False
+
+
+@contextlib.contextmanager
+def _recording(module: torch.nn.Module, calls: list[dict[str, Any]]) -> Iterator[None]:
+    """Record a deep copy of the keyword arguments of every call of ``module`` inside the block."""
+
+    def hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        bound = dict(kwargs)
+        if args:
+            import inspect
+
+            names = list(inspect.signature(mod.forward).parameters)
+            bound.update(zip(names, args))
+        calls.append(copy.deepcopy(bound))
+
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _past_length(kwargs: Mapping[str, Any]) -> int:
+    """How many tokens the call's self-attention cache already holds (0 without a cache)."""
+    cache = kwargs.get("past_key_values")
+    if cache is None or not is_cache(cache):
+        return 0
+    lengths = [int(t.shape[2]) for name, t, _ in owned_tensors({"past": cache})
+               if name.endswith((".keys", ".values")) and ".cross_attention_cache." not in name and t.ndim == 4]
+    return max(lengths, default=0)
+
+
+def _encoder(model: torch.nn.Module) -> torch.nn.Module | None:
+    if not getattr(model.config, "is_encoder_decoder", False):
+        return None
+    get = getattr(model, "get_encoder", None)
+    return get() if callable(get) else None
+
+
+def _generate_calls(
+    model: torch.nn.Module, inputs: Mapping[str, Any], steps: int, generation_config: Any
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run ``generate`` for ``steps`` new tokens; return the (encoder calls, top-level forward calls)."""
+    calls: list[dict[str, Any]] = []
+    encoder_calls: list[dict[str, Any]] = []
+    encoder = _encoder(model)
+    options = {"max_new_tokens": steps, "min_new_tokens": steps, "do_sample": False}
+    if generation_config is not None:
+        options["generation_config"] = generation_config
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(preserve_module_state(model))
+        stack.enter_context(_recording(model, calls))
+        if encoder is not None:
+            stack.enter_context(_recording(encoder, encoder_calls))
+        with torch.no_grad():
+            model.generate(**copy.deepcopy(dict(inputs)), **options)
+    return encoder_calls, calls
+
+
+def _with_mask(capture: Capture) -> dict[str, Any]:
+    """The generate inputs, with an all-ones ``attention_mask`` when the caller gave none.
+
+    The exported graphs then take a mask input, so left-padded batches work.
+    """
+    inputs = dict(capture.kwargs)
+    ids = inputs.get("input_ids")
+    if "attention_mask" not in inputs and isinstance(ids, torch.Tensor) and ids.ndim == 2:
+        inputs["attention_mask"] = torch.ones_like(ids)
+    return inputs
+
+
+def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """One decode call for two query tokens: the first step's cache, both steps' new tokens."""
+    merged = dict(first)
+    for key in ("input_ids", "decoder_input_ids", "position_ids", "cache_position", "decoder_position_ids"):
+        if isinstance(first.get(key), torch.Tensor) and isinstance(second.get(key), torch.Tensor):
+            merged[key] = torch.cat([first[key], second[key]], dim=-1)
+    for key in ("attention_mask", "decoder_attention_mask"):
+        if isinstance(second.get(key), torch.Tensor):
+            merged[key] = second[key]
+    return merged
+
+
+def _decode_shapes(capture: Capture, *, multi_token: bool) -> DynamicShapes:
+    """The decode graph's shapes: a single-token step keeps its query axis static."""
+    shapes = infer_dynamic_shapes(capture)
+    if multi_token:
+        return shapes
+    query = {"sequence", "decoder_sequence"} - {"sequence"} if "decoder_input_ids" in capture.kwargs else {"sequence"}
+    axes = {leaf: {a: d for a, d in per_axis.items() if d not in query} for leaf, per_axis in shapes.axes.items()}
+    return DynamicShapes(axes=axes, bounds={d: b for d, b in shapes.bounds.items() if d not in query})
+
+
+@curry
+def decompose(
+    capture: Capture,
+    /,
+    *,
+    multi_token_decode: bool = False,
+    generation_config: Any = None,
+) -> Components:
+    """Split a captured model into the components ``generate()`` runs, with each call's exact inputs.
+
+    ``capture`` holds the *generate* inputs (``input_ids``, ``attention_mask``,
+    ``input_features`` ...). The model's real ``generate()`` runs once with
+    hooks (2 new tokens, more when needed so that the decode step sees a past
+    of at least 2 and does not specialise that axis).
+
+    Components: decoder-only models give ``prefill`` and ``decode``;
+    encoder-decoder models give ``encoder``, ``prefill`` and ``decode``; a
+    model that does not generate gives one component, ``model``.
+
+    Args:
+        capture: a ``Capture`` of generate inputs.
+        multi_token_decode: make one decode graph take 1..N new tokens at once
+            (prefill with an empty cache, ordinary decode, speculative blocks).
+        generation_config: passed to ``generate`` (e.g. a static cache).
+
+    Returns:
+        ``Components`` of ``Capture`` records, ready for ``export`` and the lowerings.
+
+    Raises:
+        CaptureError: ``generate`` did not call ``forward`` as expected.
+
+    Example:
+        >>> from hfx import capture, zoo
+        >>> parts = decompose(capture(zoo.inputs("llama"), zoo.build("llama")))
+        >>> list(parts)
+        ['prefill', 'decode']
+    """
+    model = capture.source
+    if not can_generate(model):
+        return Components(items={"model": attrs.evolve(capture, name="model")})
+    inputs = _with_mask(capture)
+    encoder_calls, calls = _generate_calls(model, inputs, _steps(model, inputs, multi_token_decode), generation_config)
+    decode = _pick_decode(calls, multi_token=multi_token_decode)
+    if not calls or decode is None:
+        what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
+        raise CaptureError(describe("decompose", model, "decode", what, "Pass a prompt of at least 2 tokens."))
+    parts: dict[str, Capture] = {}
+    if encoder_calls:
+        encoder = _encoder(model)
+        parts["encoder"] = Capture(module=encoder, source=encoder, kwargs=encoder_calls[0], name="encoder")
+    parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
+    decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
+    parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=multi_token_decode))
+    return Components(items=parts)
+
+
+def _steps(model: torch.nn.Module, inputs: Mapping[str, Any], multi_token: bool) -> int:
+    """New tokens to generate so that a decode step has a past of at least ``_MIN_PAST`` (+1 to merge two)."""
+    prompt = 1 if getattr(model.config, "is_encoder_decoder", False) else int(inputs["input_ids"].shape[-1]) if "input_ids" in inputs else 1
+    needed = max(0, _MIN_PAST - prompt)
+    return 2 + needed + (1 if multi_token else 0)
+
+
+def _pick_decode(calls: list[dict[str, Any]], *, multi_token: bool) -> dict[str, Any] | None:
+    for index, call in enumerate(calls[1:], start=1):
+        if _past_length(call) >= _MIN_PAST:
+            if not multi_token:
+                return call
+            if index + 1 < len(calls):
+                return _merge_decode_steps(call, calls[index + 1])
+    return None
