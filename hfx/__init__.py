@@ -12,6 +12,7 @@ A library of small pure functions over immutable records::
 from hfx._capture import capture as capture
 from hfx._compose import by_component as by_component
 from hfx._compose import per_component as per_component
+from hfx._decompose import decompose as decompose
 from hfx._dynamic_shapes import infer_dynamic_shapes as infer_dynamic_shapes
 from hfx._errors import CaptureError as CaptureError
 from hfx._errors import ComponentError as ComponentError
@@ -20,6 +21,7 @@ from hfx._errors import InputError as InputError
 from hfx._errors import LoweringError as LoweringError
 from hfx._errors import PatchError as PatchError
 from hfx._export import export as export
+from hfx._generate import generate as generate
 from hfx._records import Capture as Capture
 from hfx._records import Components as Components
 from hfx._records import DynamicShapes as DynamicShapes
@@ -52,8 +54,10 @@ __all__ = [
     "__version__",
     "by_component",
     "capture",
+    "decompose",
     "export",
     "flatten_signature",
+    "generate",
     "infer_dynamic_shapes",
     "load",
     "per_component",

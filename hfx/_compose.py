@@ -6,6 +6,8 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import attrs
+
 from hfx._errors import ComponentError
 from hfx._records import Components
 
@@ -33,7 +35,8 @@ def per_component(stage: S) -> S:
     def lifted(subject: Any, /, *args: Any, **options: Any) -> Any:
         if not isinstance(subject, Components):
             return stage(subject, *args, **options)
-        return Components(items={key: _named(key, stage, value, args, options) for key, value in subject.items()})
+        mapped = {key: _named(key, stage, value, args, options) for key, value in subject.items()}
+        return attrs.evolve(subject, items=mapped)
 
     return lifted  # type: ignore[return-value]
 
@@ -62,8 +65,8 @@ def by_component(stages: Mapping[str, Stage]) -> Callable[[Components], Componen
         if unknown:
             msg = f"by_component has no stage for component(s) {sorted(unknown)}; known: {sorted(stages)}"
             raise KeyError(msg)
-        return Components(
-            items={key: _named(key, stages[key], value, (), {}) for key, value in components.items()}
+        return attrs.evolve(
+            components, items={key: _named(key, stages[key], value, (), {}) for key, value in components.items()}
         )
 
     return run

@@ -175,7 +175,22 @@ def decompose(
     parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
     decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
     parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=multi_token_decode))
-    return Components(items=parts)
+    return Components(items=parts, meta=generation_meta(model, generation_config))
+
+
+def generation_meta(model: torch.nn.Module, generation_config: Any = None) -> dict[str, Any]:
+    """What ``generate`` needs besides the graphs: the generation config and the decoder start token."""
+    import json
+
+    config = generation_config if generation_config is not None else model.generation_config
+    settings = json.loads(config.to_json_string(use_diff=False))
+    start = settings.get("decoder_start_token_id", getattr(model.config, "decoder_start_token_id", None))
+    return {
+        "generation_config": settings,
+        "is_encoder_decoder": bool(getattr(model.config, "is_encoder_decoder", False)),
+        "decoder_start_token_id": start,
+        "model_class": type(model).__name__,
+    }
 
 
 def _steps(model: torch.nn.Module, inputs: Mapping[str, Any], multi_token: bool) -> int:

@@ -29,8 +29,7 @@ def load_spec(serialised: str) -> pytree.TreeSpec:
 
 def input_keys(io: IoSpec) -> tuple[str, ...]:
     """The top-level keyword arguments a program takes, in graph order."""
-    _, kwargs = pytree.tree_unflatten([None] * len(io.inputs), load_spec(io.in_spec))
-    return tuple(kwargs)
+    return tuple(load_spec(io.in_spec).child(1).context)
 
 
 def flat_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> list[torch.Tensor]:

@@ -148,9 +148,17 @@ class Capture:
 
 @attrs.frozen(kw_only=True, eq=False)
 class Components(Mapping[str, Any]):
-    """An ordered, read-only mapping of component name to record (``Capture``, ``Exported``, a program)."""
+    """An ordered, read-only mapping of component name to record (``Capture``, ``Exported``, a program).
+
+    ``meta`` carries what the components share and ``generate`` needs (the
+    generation config, the decoder start token, whether the model is an
+    encoder-decoder); it is JSON-ready and saved in the manifest.
+    ``processor`` is an optional tokenizer or processor saved alongside.
+    """
 
     items_: Mapping[str, Any] = attrs.field(converter=readonly, alias="items")
+    meta: Mapping[str, Any] = attrs.field(factory=dict, converter=readonly)
+    processor: Any = None
 
     def __getitem__(self, key: str) -> Any:
         return self.items_[key]

@@ -1,0 +1,195 @@
+"""``generate``: the decode loop over exported graphs, on any runtime.
+
+Given the ``Components`` that ``decompose`` made and a lowering turned into
+programs (``Exported``, ``OnnxProgram``, ``PteProgram``, ``OvProgram``), it runs
+the encoder once, the prefill once and the decode step per new token, building
+each step's inputs the way ``transformers``' ``generate()`` does (position ids
+from the mask, the mask grown by one, the cache handed back), so that greedy
+decoding gives exactly the eager tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from hfx._caches import classes_in_spec, registered_caches
+from hfx._errors import InputError
+from hfx._io import input_keys, load_spec
+from hfx._records import Components
+
+_UNSET: Any = object()
+
+
+def _initial_cache(program: Any, batch: int) -> Any:
+    """The cache a program's first call takes, rebuilt from its spec: empty, or zeros for a static cache."""
+    io = program.io
+    leaves = []
+    for spec in io.inputs:
+        shape = [batch if dim == "batch" else (dim if isinstance(dim, int) else 0) for dim in spec.shape]
+        leaves.append(torch.zeros(shape, dtype=getattr(torch, spec.dtype)))
+    with registered_caches(classes_in_spec(io.in_spec)):
+        _, kwargs = pytree.tree_unflatten(leaves, load_spec(io.in_spec))
+    return kwargs.get("past_key_values")
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids from a 2D mask, as generate computes them (left padding starts at 0)."""
+    positions = mask.long().cumsum(-1) - 1
+    return positions.masked_fill(mask == 0, 0)
+
+
+def _step_inputs(program: Any, name: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments ``program`` takes, picked from the loop's state."""
+    keys = input_keys(program.io)
+    missing = [k for k in keys if k not in values]
+    if missing:
+        msg = f"generate: component {name!r} takes {missing}, which generate cannot build; pass them as inputs"
+        raise InputError(msg)
+    return {k: values[k] for k in keys}
+
+
+def _select(logits: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int | None, top_p: float | None,
+            generator: torch.Generator | None) -> torch.Tensor:
+    """The next token per row: argmax, or a sample after temperature, top-k and top-p filtering."""
+    if not do_sample:
+        return logits.argmax(dim=-1)
+    scores = logits / max(temperature, 1e-6)
+    if top_k:
+        kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ordered, order = scores.sort(descending=True)
+        cumulative = ordered.softmax(-1).cumsum(-1)
+        drop = cumulative - ordered.softmax(-1) > top_p
+        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+def _eos_ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    return {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}
+
+
+def generate(
+    programs: Components,
+    /,
+    *,
+    max_new_tokens: int = 20,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    eos_token_id: Any = _UNSET,
+    pad_token_id: Any = _UNSET,
+    **inputs: Any,
+) -> torch.Tensor:
+    """Generate token ids with exported programs, like ``model.generate(**inputs)``.
+
+    Args:
+        programs: ``Components`` from ``decompose`` (then ``export`` or a lowering):
+            ``decode`` plus ``prefill`` (or a multi-token ``decode`` alone), and
+            ``encoder`` for encoder-decoder models; any runtime.
+        max_new_tokens: how many tokens to add.
+        do_sample: sample instead of taking the argmax.
+        temperature, top_k, top_p: sampling filters.
+        seed: seeds the sampler (same seed, same tokens).
+        eos_token_id, pad_token_id: default to the model's generation config.
+        **inputs: the generate inputs (``input_ids``, ``attention_mask``, ``input_features`` ...).
+
+    Returns:
+        Token ids: the prompt plus the new tokens for decoder-only models, the
+        decoder ids (from the start token) for encoder-decoder models. A row
+        that reached EOS is padded with ``pad_token_id``, as in transformers.
+
+    Raises:
+        InputError: ``programs`` lacks a decode component, or a component takes an input generate cannot build.
+
+    Example:
+        >>> import hfx
+        >>> from hfx import zoo
+        >>> model = zoo.build("llama")
+        >>> parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model)))
+        >>> ids = generate(parts, **zoo.inputs("llama", batch=1, sequence=4), max_new_tokens=3)
+        >>> ids.shape
+        torch.Size([1, 7])
+    """
+    if not isinstance(programs, Components) or "decode" not in programs:
+        msg = "generate takes the Components of decompose (with a 'decode' component), exported or lowered"
+        raise InputError(msg)
+    meta = programs.meta
+    settings = meta.get("generation_config", {})
+    eos = _eos_ids(settings.get("eos_token_id") if eos_token_id is _UNSET else eos_token_id)
+    pad = settings.get("pad_token_id") if pad_token_id is _UNSET else pad_token_id
+    if pad is None and eos:
+        pad = min(eos)
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    choose = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p, "generator": generator}
+
+    state: dict[str, Any] = dict(inputs)
+    if meta.get("is_encoder_decoder"):
+        return _generate_encoder_decoder(programs, state, max_new_tokens, eos, pad, choose)
+    return _generate_decoder_only(programs, state, max_new_tokens, eos, pad, choose)
+
+
+def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, token_key: str, mask_key: str,
+          max_new_tokens: int, eos: set[int], pad: Any, choose: dict[str, Any]) -> torch.Tensor:
+    """Prefill then decode one token at a time; ``state`` holds the inputs every step shares."""
+    batch = tokens.shape[0]
+    first = programs["prefill"] if "prefill" in programs else programs["decode"]
+    state["past_key_values"] = _initial_cache(first, batch)
+    mask = state[mask_key]
+    new_tokens = tokens
+    finished = torch.zeros(batch, dtype=torch.bool)
+    generated = []
+    program, name = first, "prefill" if "prefill" in programs else "decode"
+    for _ in range(max_new_tokens):
+        past = mask.shape[-1] - new_tokens.shape[-1]
+        state.update({
+            token_key: new_tokens,
+            mask_key: mask,
+            "position_ids": _positions(mask)[:, past:],
+            "decoder_position_ids": _positions(mask)[:, past:],
+            "cache_position": torch.arange(past, mask.shape[-1]),
+        })
+        outputs = program(**_step_inputs(program, name, state))
+        token = _select(outputs.logits[:, -1, :].float(), **choose)
+        if pad is not None and eos:
+            token = torch.where(finished, torch.as_tensor(pad, dtype=token.dtype), token)
+        generated.append(token)
+        finished |= torch.isin(token, torch.tensor(sorted(eos), dtype=token.dtype)) if eos else finished
+        if bool(finished.all()):
+            break
+        state["past_key_values"] = outputs.past_key_values
+        new_tokens = token[:, None]
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=-1)
+        program, name = programs["decode"], "decode"
+    return torch.cat([tokens, torch.stack(generated, dim=1)], dim=-1)
+
+
+def _generate_decoder_only(programs: Components, state: dict[str, Any], max_new_tokens: int, eos: set[int], pad: Any,
+                           choose: dict[str, Any]) -> torch.Tensor:
+    if "input_ids" not in state:
+        raise InputError("generate needs input_ids")
+    tokens = state.pop("input_ids")
+    state.setdefault("attention_mask", torch.ones_like(tokens))
+    return _loop(programs, state, tokens, "input_ids", "attention_mask", max_new_tokens, eos, pad, choose)
+
+
+def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_new_tokens: int, eos: set[int],
+                              pad: Any, choose: dict[str, Any]) -> torch.Tensor:
+    encoder = programs["encoder"]
+    encoder_inputs = {k: state.pop(k) for k in list(state) if k in input_keys(encoder.io)}
+    state["encoder_outputs"] = encoder(**encoder_inputs)
+    if "attention_mask" in encoder_inputs:
+        state["attention_mask"] = encoder_inputs["attention_mask"]
+    batch = next(iter(encoder_inputs.values())).shape[0]
+    start = programs.meta.get("decoder_start_token_id")
+    tokens = torch.full((batch, 1), int(start), dtype=torch.long)
+    state["decoder_attention_mask"] = torch.ones_like(tokens)
+    return _loop(programs, state, tokens, "decoder_input_ids", "decoder_attention_mask", max_new_tokens, eos, pad, choose)
