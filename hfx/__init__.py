@@ -33,6 +33,8 @@ from hfx._save import save as save
 from hfx._signature import flatten_signature as flatten_signature
 from hfx._verify import Report as Report
 from hfx._verify import verify as verify
+from hfx.backends._onnx import OnnxProgram as OnnxProgram
+from hfx.backends._onnx import lower_to_onnx as lower_to_onnx
 from hfx.patches import with_patches as with_patches
 
 __version__ = "0.1.0"
@@ -48,6 +50,7 @@ __all__ = [
     "InputError",
     "IoSpec",
     "LoweringError",
+    "OnnxProgram",
     "PatchError",
     "Report",
     "TensorSpec",
@@ -60,6 +63,7 @@ __all__ = [
     "generate",
     "infer_dynamic_shapes",
     "load",
+    "lower_to_onnx",
     "per_component",
     "save",
     "verify",

@@ -51,14 +51,17 @@ def _recording(module: torch.nn.Module, calls: list[dict[str, Any]]) -> Iterator
         handle.remove()
 
 
-def _past_length(kwargs: Mapping[str, Any]) -> int:
-    """How many tokens the call's self-attention cache already holds (0 without a cache)."""
-    cache = kwargs.get("past_key_values")
-    if cache is None or not is_cache(cache):
+def _past_length(kwargs: Mapping[str, Any]) -> int | None:
+    """How many tokens the call's self-attention cache holds; ``None`` for a cache with no growing keys (SSMs)."""
+    cache = next((v for v in kwargs.values() if is_cache(v)), None)
+    if cache is None:
         return 0
-    lengths = [int(t.shape[2]) for name, t, _ in owned_tensors({"past": cache})
+    tensors = owned_tensors({"past": cache})
+    if not tensors:
+        return 0
+    lengths = [int(t.shape[2]) for name, t, _ in tensors
                if name.endswith((".keys", ".values")) and ".cross_attention_cache." not in name and t.ndim == 4]
-    return max(lengths, default=0)
+    return max(lengths) if lengths else None
 
 
 def _encoder(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -70,8 +73,8 @@ def _encoder(model: torch.nn.Module) -> torch.nn.Module | None:
 
 def _generate_calls(
     model: torch.nn.Module, inputs: Mapping[str, Any], steps: int, generation_config: Any
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Run ``generate`` for ``steps`` new tokens; return the (encoder calls, top-level forward calls)."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Run ``generate`` for ``steps`` new tokens; return the encoder calls, the forward calls and the output length."""
     calls: list[dict[str, Any]] = []
     encoder_calls: list[dict[str, Any]] = []
     encoder = _encoder(model)
@@ -84,19 +87,27 @@ def _generate_calls(
         if encoder is not None:
             stack.enter_context(_recording(encoder, encoder_calls))
         with torch.no_grad():
-            model.generate(**copy.deepcopy(dict(inputs)), **options)
-    return encoder_calls, calls
+            output = model.generate(**copy.deepcopy(dict(inputs)), **options)
+    sequences = output if isinstance(output, torch.Tensor) else output.sequences
+    return encoder_calls, calls, int(sequences.shape[-1])
 
 
 def _with_mask(capture: Capture) -> dict[str, Any]:
-    """The generate inputs, with an all-ones ``attention_mask`` when the caller gave none.
+    """The generate inputs, with a mask that pads the first position of the first row.
 
-    The exported graphs then take a mask input, so left-padded batches work.
+    ``generate()`` drops an all-ones ``attention_mask``, and a graph traced
+    without one cannot serve a left-padded batch. Only shapes matter to the
+    trace, so one padded position makes every graph take a mask input.
     """
     inputs = dict(capture.kwargs)
     ids = inputs.get("input_ids")
-    if "attention_mask" not in inputs and isinstance(ids, torch.Tensor) and ids.ndim == 2:
-        inputs["attention_mask"] = torch.ones_like(ids)
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[-1] < 2:
+        return inputs
+    mask = inputs.get("attention_mask")
+    if mask is None or bool(mask.all()):
+        mask = torch.ones_like(ids)
+        mask[0, 0] = 0
+        inputs["attention_mask"] = mask
     return inputs
 
 
@@ -163,7 +174,8 @@ def decompose(
     if not can_generate(model):
         return Components(items={"model": attrs.evolve(capture, name="model")})
     inputs = _with_mask(capture)
-    encoder_calls, calls = _generate_calls(model, inputs, _steps(model, inputs, multi_token_decode), generation_config)
+    steps = _steps(model, inputs, multi_token_decode)
+    encoder_calls, calls, length = _generate_calls(model, inputs, steps, generation_config)
     decode = _pick_decode(calls, multi_token=multi_token_decode)
     if not calls or decode is None:
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
@@ -175,7 +187,11 @@ def decompose(
     parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
     decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
     parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=multi_token_decode))
-    return Components(items=parts, meta=generation_meta(model, generation_config))
+    meta = generation_meta(model, generation_config)
+    meta["cache_input"] = next((k for k, v in decode.items() if is_cache(v)), None)
+    # Some generate()s (Whisper's) return the decoder ids without the start token.
+    meta["returns_start_token"] = length == steps + 1 if meta["is_encoder_decoder"] else True
+    return Components(items=parts, meta=meta)
 
 
 def generation_meta(model: torch.nn.Module, generation_config: Any = None) -> dict[str, Any]:
@@ -184,7 +200,8 @@ def generation_meta(model: torch.nn.Module, generation_config: Any = None) -> di
 
     config = generation_config if generation_config is not None else model.generation_config
     settings = json.loads(config.to_json_string(use_diff=False))
-    start = settings.get("decoder_start_token_id", getattr(model.config, "decoder_start_token_id", None))
+    start = settings.get("decoder_start_token_id")
+    start = start if start is not None else getattr(model.config, "decoder_start_token_id", None)
     return {
         "generation_config": settings,
         "is_encoder_decoder": bool(getattr(model.config, "is_encoder_decoder", False)),
@@ -202,7 +219,8 @@ def _steps(model: torch.nn.Module, inputs: Mapping[str, Any], multi_token: bool)
 
 def _pick_decode(calls: list[dict[str, Any]], *, multi_token: bool) -> dict[str, Any] | None:
     for index, call in enumerate(calls[1:], start=1):
-        if _past_length(call) >= _MIN_PAST:
+        past = _past_length(call)
+        if past is None or past >= _MIN_PAST:
             if not multi_token:
                 return call
             if index + 1 < len(calls):

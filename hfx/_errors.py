@@ -39,5 +39,5 @@ class InputError(HfxError, ValueError):
 
 def describe(stage: str, model: object, component: str, what: str, todo: str) -> str:
     """Return the one-paragraph message hfx errors use: stage, component, model, cause, remedy."""
-    model_name = type(model).__name__
+    model_name = model if isinstance(model, str) else type(model).__name__
     return f"[{stage}] component {component!r} of {model_name}: {what} {todo}".strip()

@@ -96,7 +96,7 @@ def _torch_export(flat: Capture, shapes: DynamicShapes, patches: tuple[Patch, ..
 
 
 def _capture_error(flat: Capture, exc: BaseException) -> CaptureError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
     todo = (
         "Check that the model runs eagerly on these inputs; if it does, the traceback above "
         "names the operation torch.export could not trace (add a patch for it with export(patches=...))."

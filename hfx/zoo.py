@@ -49,6 +49,14 @@ def _image_inputs(config: Any, batch: int, sequence: int) -> dict[str, torch.Ten
     return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
 
 
+def _audio_features(config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    """Log-mel features; Whisper's encoder takes exactly ``2 * max_source_positions`` frames."""
+    del sequence
+    generator = torch.Generator().manual_seed(batch)
+    frames = 2 * config.max_source_positions
+    return {"input_features": torch.randn(batch, config.num_mel_bins, frames, generator=generator)}
+
+
 def _llama() -> Any:
     from transformers import LlamaConfig
 
@@ -77,6 +85,24 @@ def _vit() -> Any:
                      image_size=32, patch_size=8, num_labels=10)
 
 
+def _t5() -> Any:
+    from transformers import T5Config
+
+    # A large init factor keeps a random T5 from repeating one token, so generation tests mean something.
+    return T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                    decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, initializer_factor=10.0)
+
+
+def _whisper() -> Any:
+    from transformers import WhisperConfig
+
+    return WhisperConfig(vocab_size=256, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
+                         max_source_positions=16, max_target_positions=64, decoder_start_token_id=1, eos_token_id=2,
+                         pad_token_id=0, bos_token_id=1, begin_suppress_tokens=None, suppress_tokens=None,
+                         forced_decoder_ids=None, init_std=0.5)
+
+
 ENTRIES: Mapping[str, ZooEntry] = MappingProxyType(
     {
         entry.name: entry
@@ -85,6 +111,9 @@ ENTRIES: Mapping[str, ZooEntry] = MappingProxyType(
             ZooEntry(name="qwen3", family="decoder", auto_class="AutoModelForCausalLM", config=_qwen3, inputs=_token_inputs),
             ZooEntry(name="bert", family="encoder", auto_class="AutoModel", config=_bert, inputs=_token_inputs),
             ZooEntry(name="vit", family="vision", auto_class="AutoModelForImageClassification", config=_vit, inputs=_image_inputs),
+            ZooEntry(name="t5", family="encoder-decoder", auto_class="AutoModelForSeq2SeqLM", config=_t5, inputs=_token_inputs),
+            ZooEntry(name="whisper", family="encoder-decoder", auto_class="AutoModelForSpeechSeq2Seq", config=_whisper,
+                     inputs=_audio_features),
         )
     }
 )

@@ -30,11 +30,12 @@ def patch_sdpa_fully_masked_rows() -> Iterator[None]:
     """Make padded (fully masked) query rows of a bool-mask SDPA come out as zeros on every runtime.
 
     Eager torch returns 0 for a query row whose boolean mask hides every key
-    (left padding). Its decomposition, ONNX Runtime and OpenVINO compute a
-    softmax over ``-inf`` instead and return NaN or garbage there
-    (microsoft/onnxscript#2479, openvinotoolkit/openvino#31630). Unmasking those
-    rows and zeroing their output reproduces eager exactly. Delete once both
-    runtimes return zeros for fully masked rows.
+    (left padding). ONNX returns the mean of the values there, because
+    onnxscript fills masked positions with the lowest finite float
+    (microsoft/onnxscript#2654, for #2561), and OpenVINO returns NaN
+    (openvinotoolkit/openvino#31630). Unmasking those rows and zeroing their
+    output reproduces eager exactly. Delete once onnxscript and OpenVINO
+    return zeros for fully masked rows.
     """
     import torch.nn.functional as F
 

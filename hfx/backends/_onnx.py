@@ -1,0 +1,291 @@
+"""The ONNX runtime: ``lower_to_onnx`` and ``OnnxProgram``, run on ONNX Runtime (CPU).
+
+The ONNX model is held as an ``onnx_ir.Model``, the in-memory form that
+``torch.onnx`` builds and that the onnxscript optimizer, rewriter and version
+converter work on. Keeping that form needs no conversion after lowering, and it
+is not bound by protobuf's 2 GB limit: ``save_files`` streams the weights to
+``<name>.onnx.data`` and large models reach ONNX Runtime as files. Use
+``onnx_ir.to_proto(program.model)`` where an ``onnx.ModelProto`` is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from toolz import curry
+
+from hfx._compose import per_component
+from hfx._errors import LoweringError, describe
+from hfx._io import call
+from hfx._records import Capture, Exported, IoSpec
+from hfx.backends._common import as_exported, require
+from hfx.patches import swap_attr
+
+RUNTIME = "onnx"
+
+# torchlib implements every aten op at opset 18; below it torch.onnx silently keeps 18.
+MIN_OPSET = 18
+
+# Models whose in-memory weights exceed this are handed to ONNX Runtime as files (protobuf stops at 2 GB).
+_IN_MEMORY_LIMIT = 1_500_000_000
+
+# Lets ONNX Runtime resolve external data of a model given as bytes (onnxruntime >= 1.18).
+_EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+
+# Logger namespaces whose records a lowering keeps for its error message instead of printing them.
+_QUIET_LOGGERS = ("torch", "onnxscript", "onnx_ir", "onnx")
+
+_PROVIDERS = ("CPUExecutionProvider",)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class OnnxProgram:
+    """An in-memory ONNX model, its calling contract and an ONNX Runtime session.
+
+    ``model`` is an ``onnx_ir.Model`` whose graph inputs and outputs carry the
+    names of ``io`` and whose dynamic axes carry hfx's dim names (``batch``,
+    ``sequence``). Calling the program checks the keyword arguments against
+    ``io``, runs the CPU session and returns the model's output structure.
+    """
+
+    model: Any  # onnx_ir.Model
+    io: IoSpec
+    name: str = "model"
+    opset: int = MIN_OPSET
+    _session: Any = attrs.field(
+        init=False, repr=False, default=attrs.Factory(lambda self: _new_session(self.model), takes_self=True)
+    )
+
+    def __call__(self, **kwargs: Any) -> Any:
+        """Run the model on ``kwargs`` (checked against ``io``); return the eager model's output structure."""
+        return call(self.io, self._run, kwargs, program=f"OnnxProgram({self.name})")
+
+    def _run(self, flat: list[torch.Tensor]) -> list[torch.Tensor]:
+        feeds = {spec.name: tensor.numpy() for spec, tensor in zip(self.io.inputs, flat)}
+        try:
+            outputs = self._session.run(list(self.io.output_names), feeds)
+        except Exception as exc:
+            msg = f"OnnxProgram({self.name}): ONNX Runtime failed: {_first_line(exc)}"
+            raise LoweringError(msg) from exc
+        return [torch.from_numpy(output) for output in outputs]
+
+
+@curry
+@per_component
+def lower_to_onnx(exported: Exported | Capture, /, *, opset: int = MIN_OPSET, optimize: bool = True) -> OnnxProgram:
+    """Lower ``exported`` to an ONNX model and open an ONNX Runtime session on it.
+
+    The ``Exported`` is not changed; lower it again, or to another runtime, at
+    will. ``torch.onnx``'s progress messages, log records and warnings are kept
+    for the error message and never reach the console.
+
+    Args:
+        exported: an ``Exported`` (a ``Capture`` is exported first), or ``Components`` of them.
+        opset: the default-domain ONNX opset, at least 18.
+        optimize: run the onnxscript optimizer (constant folding, redundancy removal).
+
+    Returns:
+        An ``OnnxProgram`` callable like the model (``Components`` of them for ``Components``).
+
+    Raises:
+        ImportError: onnx, onnxscript or onnxruntime is missing (install ``hfx[onnx]``).
+        ValueError: ``opset`` is out of range.
+        TypeError: ``exported`` is neither ``Exported`` nor ``Capture``.
+        LoweringError: torch.onnx or ONNX Runtime failed; names the component and model.
+
+    Example:
+        >>> import torch, hfx
+        >>> program = lower_to_onnx(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4)))
+        >>> program(input=torch.ones(5, 3)).shape
+        torch.Size([5, 4])
+    """
+    require("onnx", "onnxscript", "onnxruntime", extra="onnx")
+    _check_opset(opset)
+    exported = as_exported(exported, stage="lower_to_onnx")
+    model = _to_onnx(exported, opset=opset, optimize=optimize)
+    try:
+        return OnnxProgram(model=model, io=exported.io, name=exported.name, opset=opset)
+    except Exception as exc:
+        what = f"ONNX Runtime could not load the lowered model: {_first_line(exc)}."
+        todo = (
+            "ONNX Runtime's CPU kernels do not cover every dtype and opset (bfloat16 has almost none): "
+            "cast the model to float32, or lower with another opset or optimize=False."
+        )
+        raise _lowering_error(exported, what, todo) from exc
+
+
+def _check_opset(opset: int) -> None:
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    if not isinstance(opset, int) or isinstance(opset, bool) or not MIN_OPSET <= opset <= newest:
+        msg = f"lower_to_onnx: opset must be an int in [{MIN_OPSET}, {newest}], got {opset!r}"
+        raise ValueError(msg)
+
+
+def _to_onnx(exported: Exported, *, opset: int, optimize: bool) -> Any:
+    """Run ``torch.onnx.export`` on the ExportedProgram and give the graph hfx's names."""
+    log = io.StringIO()
+    try:
+        with _quietly(log):
+            onnx_program = torch.onnx.export(
+                exported.program,
+                dynamo=True,
+                opset_version=opset,
+                optimize=optimize,
+                verbose=False,
+                input_names=list(exported.io.input_names),
+                output_names=list(exported.io.output_names),
+            )
+    except Exception as exc:
+        what = f"torch.onnx.export failed: {_root_cause(exc)}."
+        todo = (
+            "If an operator has no ONNX translation, replace it with a patch at export "
+            "(export(patches=...)) or lower exported.program with torch.onnx.export(custom_translation_table=...)."
+        )
+        raise _lowering_error(exported, what, todo, log.getvalue()) from exc
+    _check_contract(exported, onnx_program.model, opset, log.getvalue())
+    onnx_program.rename_axes(_dim_names(onnx_program.model.graph.inputs, exported.io))
+    _name_output_dims(onnx_program.model, exported.io)
+    return onnx_program.model
+
+
+@contextlib.contextmanager
+def _quietly(buffer: io.StringIO) -> Iterator[None]:
+    """Write prints, warnings and torch/onnx log records to ``buffer`` instead of the console while the block runs.
+
+    The loggers' handlers are swapped and put back on exit, so this is
+    process-global while active, like every hfx patch: do not lower in threads.
+    """
+    handler = logging.StreamHandler(buffer)
+    with contextlib.ExitStack() as stack:
+        for logger in _loggers(_QUIET_LOGGERS):
+            stack.enter_context(swap_attr(logger, "handlers", [handler]))
+            stack.enter_context(swap_attr(logger, "propagate", False))
+        stack.enter_context(contextlib.redirect_stdout(buffer))
+        stack.enter_context(contextlib.redirect_stderr(buffer))
+        caught = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            buffer.writelines(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught)
+
+
+def _loggers(namespaces: tuple[str, ...]) -> list[logging.Logger]:
+    """The top logger of each namespace and every existing logger under it that has its own handlers."""
+    existing = [
+        logger
+        for name, logger in list(logging.root.manager.loggerDict.items())
+        if isinstance(logger, logging.Logger) and logger.handlers and name.split(".")[0] in namespaces
+    ]
+    return list({id(lg): lg for lg in [*map(logging.getLogger, namespaces), *existing]}.values())
+
+
+def _check_contract(exported: Exported, model: Any, opset: int, log: str) -> None:
+    """Raise ``LoweringError`` unless the graph has the IoSpec's inputs and outputs and the asked opset."""
+    got = ([v.name for v in model.graph.inputs], [v.name for v in model.graph.outputs], model.opset_imports.get(""))
+    want = (list(exported.io.input_names), list(exported.io.output_names), opset)
+    if got != want:
+        what = f"the ONNX graph has inputs {got[0]}, outputs {got[1]} and opset {got[2]}; expected {want}."
+        todo = "Lower with opset=18 and report the mismatch to hfx."
+        raise _lowering_error(exported, what, todo, log)
+
+
+def _dim_names(graph_inputs: Any, io_spec: IoSpec) -> dict[str, str]:
+    """Map the exporter's symbols (``s43``) to the IoSpec's dim names (``batch``), read off the graph inputs."""
+    import onnx_ir as ir
+
+    names: dict[str, str] = {}
+    for value, spec in zip(graph_inputs, io_spec.inputs):
+        for dim, want in zip(value.shape or (), spec.shape):
+            if isinstance(dim, ir.SymbolicDim) and isinstance(dim.value, str) and isinstance(want, str):
+                names.setdefault(dim.value, want)
+    return names
+
+
+def _name_output_dims(model: Any, io_spec: IoSpec) -> None:
+    """Give each dynamic output axis the IoSpec's expression (``sequence - 1``), as torch.export wrote it."""
+    import onnx_ir as ir
+
+    for value, spec in zip(model.graph.outputs, io_spec.outputs):
+        if value.shape is None or len(value.shape) != len(spec.shape):
+            continue
+        dims = [
+            ir.SymbolicDim(want) if isinstance(want, str) and not isinstance(dim, int) else dim
+            for dim, want in zip(value.shape, spec.shape)
+        ]
+        value.shape = ir.Shape(dims)
+
+
+def _new_session(model: Any) -> Any:
+    """A CPU ``InferenceSession`` on ``model``: from bytes, or from a temporary file for large models."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: ORT's C++ warnings would bypass Python's streams
+    tensors = [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
+    folders = {str(t.base_dir) for t in tensors if isinstance(t, ir.ExternalTensor)}
+    in_memory = sum(t.nbytes for t in tensors if not isinstance(t, ir.ExternalTensor))
+    if in_memory <= _IN_MEMORY_LIMIT and len(folders) <= 1:
+        if folders:
+            options.add_session_config_entry(_EXTERNAL_FOLDER, folders.pop())
+        return ort.InferenceSession(ir.to_proto(model).SerializeToString(), options, providers=list(_PROVIDERS))
+    # Linux keeps memory-mapped weights valid after the files are removed; elsewhere cleanup errors are ignored.
+    with tempfile.TemporaryDirectory(prefix="hfx-onnx-", ignore_cleanup_errors=True) as tmp:
+        path = Path(tmp) / "model.onnx"
+        ir.save(model, path, external_data="model.onnx.data")
+        return ort.InferenceSession(str(path), options, providers=list(_PROVIDERS))
+
+
+def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> LoweringError:
+    message = describe("lower_to_onnx", exported.source_class or "model", exported.name, what, todo)
+    tail = "\n".join(log.strip().splitlines()[-40:])
+    return LoweringError(f"{message}\ntorch.onnx output:\n{tail}" if tail else message)
+
+
+def _root_cause(exc: BaseException) -> str:
+    """``Type: first line`` of the innermost cause (torch.onnx wraps every failure in a long preamble)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def save_files(program: OnnxProgram, directory: Path) -> dict[str, Any]:
+    """Write ``<name>.onnx`` and its weights, ``<name>.onnx.data``, into ``directory``; return the manifest entry."""
+    import onnx_ir as ir
+
+    filename = f"{program.name}.onnx"
+    # Weights go to the data file, so models over 2 GB save; tensors under 256 bytes (axes, shapes) stay
+    # inline because ONNX Runtime's shape inference cannot read external ones. 64 KiB alignment lets ORT mmap.
+    ir.save(program.model, directory / filename, external_data=f"{filename}.data", size_threshold_bytes=256,
+            alignment=65536)
+    files = [f for f in (filename, f"{filename}.data") if (directory / f).is_file()]
+    return {"files": files, "opset": program.opset}
+
+
+def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> OnnxProgram:
+    """Load a program written by ``save_files``; weights under the in-memory limit are read into memory."""
+    require("onnx", "onnxscript", "onnxruntime", extra="onnx")
+    import onnx_ir as ir
+
+    model = ir.load(Path(directory).resolve() / entry["files"][0])
+    tensors = [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
+    if sum(t.nbytes for t in tensors) <= _IN_MEMORY_LIMIT:
+        ir.external_data.load_to_model(model)  # the program then outlives its directory
+    return OnnxProgram(model=model, io=io, name=name, opset=int(entry.get("opset", MIN_OPSET)))
