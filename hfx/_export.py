@@ -114,7 +114,8 @@ def io_spec(program: torch.export.ExportedProgram, flat: Capture, shapes: Dynami
     ]
     output_node = next(n for n in program.graph.nodes if n.op == "output")
     user_outputs = output_node.args[0][-len(program.graph_signature.user_outputs):] if program.graph_signature.user_outputs else []
-    names = _output_names(program.call_spec.out_spec, len(user_outputs))
+    taken = {spec.name for spec in inputs}
+    names = [_distinct(name, taken) for name in _output_names(program.call_spec.out_spec, len(user_outputs))]
     outputs = [_tensor_spec(name, node.meta["val"], symbols) for name, node in zip(names, user_outputs)]
     bounds = {}
     for symbol, name in symbols.items():
@@ -160,6 +161,14 @@ def _tensor_spec(name: str, val: Any, symbols: Mapping[sympy.Symbol, str]) -> Te
         else:
             shape.append(int(size))
     return TensorSpec(name=name, dtype=str(val.dtype).removeprefix("torch."), shape=tuple(shape))
+
+
+def _distinct(name: str, inputs: set[str]) -> str:
+    """An output name no input has: a cache handed back is ``present.*`` (as in Optimum's ONNX files)."""
+    if name not in inputs:
+        return name
+    top, _, rest = name.partition(".")
+    return f"present.{rest}" if rest and top in ("past_key_values", "cache_params") else f"output.{name}"
 
 
 def _output_names(out_spec: pytree.TreeSpec, count: int) -> list[str]:

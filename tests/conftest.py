@@ -46,3 +46,18 @@ def exported(models):
     return get
 
 
+
+
+@pytest.fixture(scope="session")
+def generative(models):
+    """``(model, exported Components)`` per generative architecture, decomposed and exported once per session."""
+    cache: dict[str, tuple[torch.nn.Module, hfx.Components]] = {}
+
+    def get(name: str) -> tuple[torch.nn.Module, hfx.Components]:
+        if name not in cache:
+            model = models(name)
+            parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name, **CAPTURE_SHAPE), model)))
+            cache[name] = (model, parts)
+        return cache[name]
+
+    return get

@@ -27,3 +27,13 @@ def assert_same_state(model: torch.nn.Module, before: dict[str, torch.Tensor]) -
     assert after.keys() == before.keys()
     for key, value in before.items():
         assert torch.equal(after[key], value), key
+
+
+GENERATIVE_MODELS = ("llama", "t5", "whisper")
+NEW_TOKENS = {"llama": 32, "t5": 16, "whisper": 16}
+
+
+def eager_tokens(model: torch.nn.Module, inputs: dict[str, torch.Tensor], new_tokens: int) -> torch.Tensor:
+    """What ``model.generate`` gives greedily: the reference every runtime must match exactly."""
+    with torch.no_grad():
+        return model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)

@@ -32,6 +32,13 @@ def as_exported(subject: Any, *, stage: str) -> Exported:
     raise TypeError(msg)
 
 
+def spec_caches(exported: Exported) -> Any:
+    """A context in which the cache classes named by ``exported``'s specs are pytree nodes (for lowering)."""
+    from hfx._caches import classes_in_spec, registered_caches
+
+    return registered_caches(classes_in_spec(exported.io.in_spec) + classes_in_spec(exported.io.out_spec))
+
+
 def versions(*packages: str) -> dict[str, str]:
     """Installed versions of ``packages`` (for the manifest)."""
     from importlib.metadata import PackageNotFoundError, version

@@ -27,7 +27,7 @@ from hfx._compose import per_component
 from hfx._errors import LoweringError, describe
 from hfx._io import call
 from hfx._records import Capture, Exported, IoSpec
-from hfx.backends._common import as_exported, require
+from hfx.backends._common import as_exported, require, spec_caches
 from hfx.patches import swap_attr
 
 RUNTIME = "onnx"
@@ -111,7 +111,8 @@ def lower_to_onnx(exported: Exported | Capture, /, *, opset: int = MIN_OPSET, op
     require("onnx", "onnxscript", "onnxruntime", extra="onnx")
     _check_opset(opset)
     exported = as_exported(exported, stage="lower_to_onnx")
-    model = _to_onnx(exported, opset=opset, optimize=optimize)
+    with spec_caches(exported):
+        model = _to_onnx(exported, opset=opset, optimize=optimize)
     try:
         return OnnxProgram(model=model, io=exported.io, name=exported.name, opset=opset)
     except Exception as exc:

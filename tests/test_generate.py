@@ -1,0 +1,69 @@
+"""generate over exported programs: exactly the eager greedy tokens; seeded sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hfx
+from hfx import zoo
+from tests.helpers import GENERATIVE_MODELS, NEW_TOKENS, eager_tokens
+
+
+def _distinct_tokens(ids: torch.Tensor) -> int:
+    return int(ids.unique().numel())
+
+
+@pytest.mark.parametrize("name", GENERATIVE_MODELS)
+def test_greedy_matches_eager_on_a_new_padded_batch(generative, name):
+    model, parts = generative(name)
+    inputs = zoo.inputs(name, batch=2, sequence=9)
+    expected = eager_tokens(model, inputs, NEW_TOKENS[name])
+    assert _distinct_tokens(expected) > 4  # a degenerate model would make the comparison meaningless
+    assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=NEW_TOKENS[name]), expected)
+
+
+def test_greedy_matches_eager_at_batch_one(generative):
+    model, parts = generative("llama")
+    inputs = zoo.inputs("llama", batch=1, sequence=6)
+    assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=32), eager_tokens(model, inputs, 32))
+
+
+def test_without_a_mask_the_full_mask_is_assumed(generative):
+    model, parts = generative("llama")
+    ids = zoo.inputs("llama", batch=1, sequence=5)["input_ids"]
+    assert torch.equal(hfx.generate(parts, input_ids=ids, max_new_tokens=8), eager_tokens(model, {"input_ids": ids}, 8))
+
+
+def test_eos_stops_and_pads_like_transformers(generative):
+    model, parts = generative("llama")
+    inputs = zoo.inputs("llama", batch=2, sequence=9)
+    expected = eager_tokens(model, inputs, 12)
+    eos = int(expected[0, 9 + 2])  # a token row 0 produces early
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    ours = hfx.generate(parts, **inputs, max_new_tokens=12, eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(ours, expected)
+
+
+def test_seeded_sampling_is_reproducible_and_differs_from_greedy(generative):
+    _, parts = generative("llama")
+    inputs = zoo.inputs("llama", batch=2, sequence=6)
+    first = hfx.generate(parts, **inputs, max_new_tokens=12, do_sample=True, temperature=1.5, top_k=50, seed=7)
+    again = hfx.generate(parts, **inputs, max_new_tokens=12, do_sample=True, temperature=1.5, top_k=50, seed=7)
+    greedy = hfx.generate(parts, **inputs, max_new_tokens=12)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, greedy)
+    assert int(first.max()) < 256 and int(first.min()) >= 0
+
+
+def test_top_p_keeps_only_the_nucleus(generative):
+    _, parts = generative("llama")
+    inputs = zoo.inputs("llama", batch=1, sequence=6)
+    nucleus = hfx.generate(parts, **inputs, max_new_tokens=6, do_sample=True, top_p=1e-6, seed=3)
+    assert torch.equal(nucleus, hfx.generate(parts, **inputs, max_new_tokens=6))  # top_p -> 0 is greedy
+
+
+def test_generate_needs_a_decode_component(exported):
+    with pytest.raises(hfx.InputError, match="decode"):
+        hfx.generate(hfx.Components(items={"model": exported("bert")}), input_ids=torch.ones(1, 2, dtype=torch.long))
