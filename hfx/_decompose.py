@@ -112,8 +112,14 @@ def _with_mask(capture: Capture) -> dict[str, Any]:
 
 
 def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
-    """One decode call for two query tokens: the first step's cache, both steps' new tokens."""
+    """One decode call for two query tokens: the first step's cache, both steps' new tokens.
+
+    It returns the logits of every new token (``logits_to_keep=0``), which a
+    block of speculative tokens needs; generate reads the last one.
+    """
     merged = dict(first)
+    if "logits_to_keep" in merged:
+        merged["logits_to_keep"] = 0
     for key in ("input_ids", "decoder_input_ids", "position_ids", "cache_position", "decoder_position_ids"):
         if isinstance(first.get(key), torch.Tensor) and isinstance(second.get(key), torch.Tensor):
             merged[key] = torch.cat([first[key], second[key]], dim=-1)
@@ -126,8 +132,11 @@ def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[s
 def _decode_shapes(capture: Capture, *, multi_token: bool) -> DynamicShapes:
     """The decode graph's shapes: a single-token step keeps its query axis static."""
     shapes = infer_dynamic_shapes(capture)
-    if multi_token:
-        return shapes
+    if multi_token:  # the same graph also prefills, from an empty cache
+        bounds = {**shapes.bounds}
+        if "past_sequence" in bounds:
+            bounds["past_sequence"] = (0, bounds["past_sequence"][1])
+        return DynamicShapes(axes=shapes.axes, bounds=bounds)
     query = {"sequence", "decoder_sequence"} - {"sequence"} if "decoder_input_ids" in capture.kwargs else {"sequence"}
     axes = {leaf: {a: d for a, d in per_axis.items() if d not in query} for leaf, per_axis in shapes.axes.items()}
     return DynamicShapes(axes=axes, bounds={d: b for d, b in shapes.bounds.items() if d not in query})
@@ -150,7 +159,9 @@ def decompose(
 
     Components: decoder-only models give ``prefill`` and ``decode``;
     encoder-decoder models give ``encoder``, ``prefill`` and ``decode``; a
-    model that does not generate gives one component, ``model``.
+    model that does not generate gives one component, ``model``. With
+    ``multi_token_decode`` there is no ``prefill``: the decode graph takes
+    1..N new tokens over a past of 0..N, so it prefills too.
 
     Args:
         capture: a ``Capture`` of generate inputs.
@@ -184,7 +195,8 @@ def decompose(
     if encoder_calls:
         encoder = _encoder(model)
         parts["encoder"] = Capture(module=encoder, source=encoder, kwargs=encoder_calls[0], name="encoder")
-    parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
+    if not multi_token_decode:  # a multi-token decode graph prefills too, from an empty cache
+        parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
     decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
     parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=multi_token_decode))
     meta = generation_meta(model, generation_config)

@@ -24,7 +24,7 @@ from hfx._records import Components
 _UNSET: Any = object()
 
 
-def _initial_cache(program: Any, batch: int) -> Any:
+def _initial_cache(program: Any, batch: int, key: str) -> Any:
     """The cache a program's first call takes, rebuilt from its spec: empty, or zeros for a static cache."""
     io = program.io
     leaves = []
@@ -33,7 +33,7 @@ def _initial_cache(program: Any, batch: int) -> Any:
         leaves.append(torch.zeros(shape, dtype=getattr(torch, spec.dtype)))
     with registered_caches(classes_in_spec(io.in_spec)):
         _, kwargs = pytree.tree_unflatten(leaves, load_spec(io.in_spec))
-    return kwargs.get("past_key_values")
+    return kwargs.get(key)
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -142,7 +142,8 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
     """Prefill then decode one token at a time; ``state`` holds the inputs every step shares."""
     batch = tokens.shape[0]
     first = programs["prefill"] if "prefill" in programs else programs["decode"]
-    state["past_key_values"] = _initial_cache(first, batch)
+    cache_key = programs.meta.get("cache_input") or "past_key_values"
+    state[cache_key] = _initial_cache(first, batch, cache_key)
     mask = state[mask_key]
     new_tokens = tokens
     finished = torch.zeros(batch, dtype=torch.bool)
@@ -165,7 +166,7 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         finished |= torch.isin(token, torch.tensor(sorted(eos), dtype=token.dtype)) if eos else finished
         if bool(finished.all()):
             break
-        state["past_key_values"] = outputs.past_key_values
+        state[cache_key] = getattr(outputs, cache_key)
         new_tokens = token[:, None]
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=-1)
         program, name = programs["decode"], "decode"
@@ -192,4 +193,5 @@ def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_n
     start = programs.meta.get("decoder_start_token_id")
     tokens = torch.full((batch, 1), int(start), dtype=torch.long)
     state["decoder_attention_mask"] = torch.ones_like(tokens)
-    return _loop(programs, state, tokens, "decoder_input_ids", "decoder_attention_mask", max_new_tokens, eos, pad, choose)
+    ids = _loop(programs, state, tokens, "decoder_input_ids", "decoder_attention_mask", max_new_tokens, eos, pad, choose)
+    return ids if programs.meta.get("returns_start_token", True) else ids[:, 1:]

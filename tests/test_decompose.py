@@ -62,8 +62,10 @@ def test_encoder_decoder_gives_encoder_prefill_decode(models):
 
 def test_multi_token_decode_merges_two_steps(models):
     parts = hfx.decompose(hfx.capture(zoo.inputs("llama", batch=2, sequence=5), models("llama")), multi_token_decode=True)
+    assert list(parts) == ["decode"]
     decode = parts["decode"]
     assert decode.kwargs["input_ids"].shape == (2, 2)
+    assert decode.dynamic_shapes.bounds["past_sequence"][0] == 0
     assert decode.kwargs["attention_mask"].shape == (2, 7)
     assert dict(decode.dynamic_shapes.axes["input_ids"]) == {0: "batch", 1: "sequence"}
 

@@ -48,10 +48,10 @@ def test_a_given_shape_record_wins(models):
 
 def test_refine_applies_static_and_bound_fixes():
     shapes = hfx.DynamicShapes(axes={"x": {0: "batch", 2: "height"}}, bounds={"batch": (1, None), "height": (1, None)})
-    message = "Constraints violated\nSuggested fixes:\n  height = 32\n  batch = Dim('batch', max=16)\n\nmore text"
+    message = "Constraints violated\nSuggested fixes:\n  height = 32\n  batch = Dim('batch', min=3, max=16)\n\nmore text"
     refined = refine(shapes, message)
     assert dict(refined.axes["x"]) == {0: "batch"}
-    assert refined.bounds == {"batch": (1, 16)}
+    assert refined.bounds == {"batch": (3, 16)}
 
 
 def test_refine_gives_up_on_derived_fixes():

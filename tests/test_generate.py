@@ -7,6 +7,7 @@ import torch
 
 import hfx
 from hfx import zoo
+from hfx._generate import _initial_cache
 from tests.helpers import GENERATIVE_MODELS, NEW_TOKENS, eager_tokens
 
 
@@ -67,3 +68,32 @@ def test_top_p_keeps_only_the_nucleus(generative):
 def test_generate_needs_a_decode_component(exported):
     with pytest.raises(hfx.InputError, match="decode"):
         hfx.generate(hfx.Components(items={"model": exported("bert")}), input_ids=torch.ones(1, 2, dtype=torch.long))
+
+
+@pytest.mark.parametrize(("batch", "sequence"), [(1, 1), (2, 2), (3, 4)])
+def test_small_sizes_match_eager(generative, batch, sequence):
+    model, parts = generative("llama")
+    inputs = zoo.inputs("llama", batch=batch, sequence=sequence)  # a past of 1: below the traced sizes
+    assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=8), eager_tokens(model, inputs, 8))
+
+
+def test_multi_token_decode_alone_prefills_and_decodes(models):
+    model = models("llama")
+    parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model), multi_token_decode=True))
+    assert list(parts) == ["decode"]
+    assert parts["decode"].io.bounds["past_sequence"][0] == 0
+    for batch, sequence in ((1, 1), (2, 9)):
+        inputs = zoo.inputs("llama", batch=batch, sequence=sequence)
+        assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=10), eager_tokens(model, inputs, 10))
+    # a block of speculative tokens: three new tokens over a cache, in one call, with every token's logits
+    decode = parts["decode"]
+    full = eager_tokens(model, zoo.inputs("llama", batch=1, sequence=6), 3)
+    empty = _initial_cache(decode, 1, "past_key_values")
+    prompt = decode(input_ids=full[:, :6], attention_mask=torch.ones(1, 6, dtype=torch.long),
+                    position_ids=torch.arange(6)[None], past_key_values=empty)
+    block = decode(input_ids=full[:, 6:9], attention_mask=torch.ones(1, 9, dtype=torch.long),
+                   position_ids=torch.arange(6, 9)[None], past_key_values=prompt.past_key_values)
+    with torch.no_grad():
+        want = model(input_ids=full, use_cache=False).logits[:, 6:9]
+    assert block.logits.shape == want.shape
+    torch.testing.assert_close(block.logits, want, atol=1e-4, rtol=1e-4)
