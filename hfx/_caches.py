@@ -64,23 +64,51 @@ def _holds_nodes(value: Any, classes: frozenset[type]) -> bool:
     return False
 
 
+# Attributes that restate a tensor's batch size (``StaticLayer.batch_size``). They are not part of
+# the structure: a static-cache prefill sets them to a symbolic size, and a cache of another batch
+# must match the same graph. Unflattening sets them from the first tensor.
+_BATCH_ATTRIBUTES = frozenset({"batch_size", "max_batch_size"})
+
+
+class _Context:
+    """A cache node's pytree context: child attribute names, static attributes, batch attributes."""
+
+    __slots__ = ("batch", "children", "static")
+
+    def __init__(self, children: tuple[str, ...], static: tuple[tuple[str, Any], ...], batch: tuple[str, ...]) -> None:
+        self.children, self.static, self.batch = children, static, batch
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Context) and (self.children, self.static) == (other.children, other.static)
+
+    def __hash__(self) -> int:
+        return hash((self.children, repr(self.static)))
+
+    def __repr__(self) -> str:
+        return repr((self.children, self.static))
+
+
 def _flatten(classes: frozenset[type], obj: Any) -> tuple[list[Any], Any]:
     state = vars(obj)
     children = tuple(k for k, v in state.items() if _holds_nodes(v, classes))
-    static = tuple((k, v) for k, v in state.items() if k not in children)
-    return [state[k] for k in children], (children, static)
+    batch = tuple(k for k in state if k in _BATCH_ATTRIBUTES and k not in children)
+    static = tuple((k, v) for k, v in state.items() if k not in children and k not in batch)
+    return [state[k] for k in children], _Context(children, static, batch)
 
 
 def _flatten_with_keys(classes: frozenset[type], obj: Any) -> tuple[list[tuple[Any, Any]], Any]:
     values, context = _flatten(classes, obj)
-    return [(pytree.GetAttrKey(k), v) for k, v in zip(context[0], values)], context
+    return [(pytree.GetAttrKey(k), v) for k, v in zip(context.children, values)], context
 
 
-def _unflatten(cls: type, values: Iterable[Any], context: Any) -> Any:
-    children, static = context
+def _unflatten(cls: type, values: Iterable[Any], context: _Context) -> Any:
     obj = cls.__new__(cls)
-    vars(obj).update(static)
-    vars(obj).update(zip(children, values))
+    values = list(values)
+    vars(obj).update(context.static)
+    vars(obj).update(zip(context.children, values))
+    if context.batch:
+        first = next((t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor) and t.ndim), None)
+        vars(obj).update(dict.fromkeys(context.batch, first.shape[0] if first is not None else None))
     return obj
 
 
@@ -119,14 +147,15 @@ def _decode(value: Any) -> Any:
     return tuple(items) if tag == "tuple" else items
 
 
-def _to_dumpable(context: Any) -> str:
-    children, static = context
-    return json.dumps({"children": list(children), "static": [[k, _encode(v)] for k, v in static]})
+def _to_dumpable(context: _Context) -> str:
+    static = [[k, _encode(v)] for k, v in context.static]
+    return json.dumps({"children": list(context.children), "static": static, "batch": list(context.batch)})
 
 
-def _from_dumpable(dumped: str) -> Any:
+def _from_dumpable(dumped: str) -> _Context:
     data = json.loads(dumped)
-    return tuple(data["children"]), tuple((k, _decode(v)) for k, v in data["static"])
+    static = tuple((k, _decode(v)) for k, v in data["static"])
+    return _Context(tuple(data["children"]), static, tuple(data.get("batch", ())))
 
 
 @contextlib.contextmanager

@@ -111,6 +111,21 @@ def _with_mask(capture: Capture) -> dict[str, Any]:
     return inputs
 
 
+def _with_2d_mask(call: dict[str, Any], inputs: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """The call with the 2D padding mask in place of the 4D mask generate builds for static caches.
+
+    ``forward`` builds the same 4D mask from a 2D one (and the cache), so the
+    graph takes the mask every runtime's generate loop can grow by one column.
+    """
+    mask = call.get("attention_mask")
+    prompt_mask = inputs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or not isinstance(prompt_mask, torch.Tensor):
+        return call
+    batch = prompt_mask.shape[0]
+    grown = torch.ones(batch, index, dtype=prompt_mask.dtype)
+    return {**call, "attention_mask": torch.cat([prompt_mask, grown], dim=-1)}
+
+
 def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """One decode call for two query tokens: the first step's cache, both steps' new tokens.
 
@@ -187,6 +202,7 @@ def decompose(
     inputs = _with_mask(capture)
     steps = _steps(model, inputs, multi_token_decode)
     encoder_calls, calls, length = _generate_calls(model, inputs, steps, generation_config)
+    calls = [_with_2d_mask(call, inputs, index) for index, call in enumerate(calls)]
     decode = _pick_decode(calls, multi_token=multi_token_decode)
     if not calls or decode is None:
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."

@@ -56,8 +56,12 @@ def owned_tensors(kwargs: Mapping[str, Any]) -> list[tuple[str, torch.Tensor, tu
     from a dynamic one.
     """
     found: list[tuple[str, torch.Tensor, tuple[type, ...]]] = []
+    seen: set[int] = set()
 
     def walk(value: Any, name: str, owners: tuple[type, ...]) -> None:
+        if id(value) in seen:  # objects may refer back to their owner
+            return
+        seen.add(id(value))
         if isinstance(value, torch.Tensor):
             found.append((name, value, owners))
         elif isinstance(value, (list, tuple)):
@@ -85,10 +89,13 @@ def _cache_rule(name: str, owners: tuple[type, ...]) -> Mapping[int, str]:
     return {0: "batch"}
 
 
-def _rule_for(name: str, owners: tuple[type, ...] = ()) -> Mapping[int, str] | None:
+def _rule_for(name: str, owners: tuple[type, ...] = (), ndim: int = 2) -> Mapping[int, str] | None:
     if owners:
         return _cache_rule(name, owners)
     top = name.split(".", 1)[0]
+    if top in ("attention_mask", "decoder_attention_mask") and ndim == 4:
+        # A 4D mask (static caches): batch, heads, query, key; the key axis spans the static cache.
+        return {0: "batch", 2: "sequence" if top == "attention_mask" else "decoder_sequence"}
     if top in ("encoder_outputs", "encoder_hidden_states"):
         return {0: "batch", 1: "sequence"}
     return next((rule for names, rule in _AXIS_RULES if top in names), None)
@@ -151,13 +158,13 @@ def infer_dynamic_shapes(
         return capture.dynamic_shapes
     tensors = owned_tensors(capture.kwargs)
     ordered = sorted(tensors, key=lambda item: item[0].split(".", 1)[0] not in _PRIMARY)
-    batch = next((t.shape[0] for n, t, o in ordered if _rule_for(n, o) and t.ndim), None)
+    batch = next((t.shape[0] for n, t, o in ordered if _rule_for(n, o, t.ndim) and t.ndim), None)
     if batch is None and tensors and tensors[0][1].ndim:
         batch = tensors[0][1].shape[0]
     hints: dict[str, int] = {}
     axes: dict[str, dict[int, str]] = {}
     for name, tensor, owners in ordered:
-        rule = _rule_for(name, owners) or ({0: "batch"} if tensor.ndim and tensor.shape[0] == batch else {})
+        rule = _rule_for(name, owners, tensor.ndim) or ({0: "batch"} if tensor.ndim and tensor.shape[0] == batch else {})
         per_axis: dict[int, str] = {}
         for axis, dim in rule.items():
             if not -tensor.ndim <= axis < tensor.ndim or (tensor.shape[axis] == 0 and dim != "past_sequence"):

@@ -166,7 +166,8 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         finished |= torch.isin(token, torch.tensor(sorted(eos), dtype=token.dtype)) if eos else finished
         if bool(finished.all()):
             break
-        state[cache_key] = getattr(outputs, cache_key)
+        # A static cache is updated in place and not returned: keep the one passed in.
+        state[cache_key] = getattr(outputs, cache_key, None) or state[cache_key]
         new_tokens = token[:, None]
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=-1)
         program, name = programs["decode"], "decode"

@@ -33,6 +33,33 @@ def _default_constants(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> dic
     return {}
 
 
+def without_updated_inputs(output: Any, given: set[int]) -> Any:
+    """``output`` without the caches whose tensors are all inputs (``given`` ids) updated in place (a static cache).
+
+    Returning them would make torch.export treat the in-place writes as new
+    outputs; without them the writes are input mutations, which each runtime
+    applies to the caller's tensors (and ONNX Runtime to bound buffers).
+    """
+    if not isinstance(output, Mapping):
+        return output
+
+    def updated_in_place(value: Any) -> bool:
+        leaves = _tensors_of(value)
+        return is_cache(value) and bool(leaves) and all(id(leaf) in given for leaf in leaves)
+
+    dropped = [key for key, value in output.items() if updated_in_place(value)]
+    if not dropped:
+        return output
+    return type(output)(**{key: value for key, value in output.items() if key not in dropped})
+
+
+def _tensors_of(value: Any) -> list[torch.Tensor]:
+    """Every tensor held by ``value``, walking object attributes (caches need not be pytree nodes here)."""
+    from hfx._dynamic_shapes import owned_tensors
+
+    return [tensor for _, tensor, _ in owned_tensors({"value": value})]
+
+
 def flat_view(model: torch.nn.Module, names: tuple[str, ...], constants: Mapping[str, Any]) -> torch.nn.Module:
     """A shallow view of ``model`` whose ``forward(*names)`` calls ``model.forward(**inputs, **constants)``.
 
@@ -48,7 +75,8 @@ def flat_view(model: torch.nn.Module, names: tuple[str, ...], constants: Mapping
 
     def flat_forward(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
-        return forward(**bound.arguments, **fixed)
+        given = {id(tensor) for tensor in _tensors_of(bound.arguments)}  # before forward swaps cache tensors
+        return without_updated_inputs(forward(**bound.arguments, **fixed), given)
 
     flat_forward.__signature__ = signature  # type: ignore[attr-defined]
     view = copy.copy(model)

@@ -97,3 +97,18 @@ def test_multi_token_decode_alone_prefills_and_decodes(models):
         want = model(input_ids=full, use_cache=False).logits[:, 6:9]
     assert block.logits.shape == want.shape
     torch.testing.assert_close(block.logits, want, atol=1e-4, rtol=1e-4)
+
+
+def test_static_cache_is_updated_in_place_and_matches_eager(models):
+    from transformers import GenerationConfig
+
+    model = models("llama")
+    config = GenerationConfig(cache_implementation="static", max_cache_len=48)
+    parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model), generation_config=config))
+    decode = parts["decode"]
+    assert decode.io.output_names == ("logits",)  # the cache is not returned: it is written in place
+    assert ("batch", 2, 48, 16) in [spec.shape for spec in decode.io.inputs]
+    inputs = zoo.inputs("llama", batch=3, sequence=9)
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=16, do_sample=False, generation_config=config)
+    assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=16), expected)
