@@ -162,6 +162,7 @@ def io_spec(program: torch.export.ExportedProgram, flat: Capture, shapes: Dynami
         vr = program.range_constraints.get(symbol)
         if vr is not None:
             bounds[name] = (int(vr.lower), _finite(vr.upper))
+    written = _written_inputs(program)
     return IoSpec(
         inputs=inputs,
         outputs=outputs,
@@ -169,7 +170,27 @@ def io_spec(program: torch.export.ExportedProgram, flat: Capture, shapes: Dynami
         out_spec=pytree.treespec_dumps(program.call_spec.out_spec),
         constants=flat.constants,
         bounds=bounds,
+        updates=[spec.name for spec, user in zip(inputs, program.graph_signature.user_inputs) if user in written],
     )
+
+
+def _written_inputs(program: torch.export.ExportedProgram) -> set[str]:
+    """Placeholder names of the user inputs an in-place op writes (``index_copy_`` into a static cache)."""
+    root = {name: name for name in program.graph_signature.user_inputs}  # node name -> the input it aliases
+    written = set(program.graph_signature.user_inputs_to_mutate.values())
+    for node in program.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for argument, value in zip(schema.arguments, node.args):
+            source = root.get(getattr(value, "name", None))
+            if source is None or argument.alias_info is None:
+                continue
+            if argument.alias_info.is_write:
+                written.add(source)
+            elif schema.returns and schema.returns[0].alias_info is not None:
+                root[node.name] = source  # a view or alias (``to`` with the same dtype) of the input
+    return written
 
 
 def _finite(bound: Any) -> int | None:

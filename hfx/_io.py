@@ -122,8 +122,21 @@ def call(io: IoSpec, run: Callable[[list[torch.Tensor]], Sequence[Any]], kwargs:
     """
     with registered_caches(classes_in_spec(io.in_spec) + classes_in_spec(io.out_spec)):
         flat = flat_inputs(io, kwargs, program=program)
-        outputs = run(flat)
+        outputs = list(run(flat))
         if len(outputs) != len(io.outputs):
             msg = f"{program} returned {len(outputs)} outputs, its spec has {len(io.outputs)}"
             raise InputError(msg)
-        return structured_outputs(io, outputs)
+        returned = load_spec(io.out_spec).num_leaves
+        if len(outputs) > returned:
+            _write_back(io, kwargs, outputs[returned:])
+        return structured_outputs(io, outputs[:returned])
+
+
+def _write_back(io: IoSpec, kwargs: Mapping[str, Any], values: Sequence[Any]) -> None:
+    """Copy the new values of in-place inputs into the caller's tensors (runtimes that return them)."""
+    keys = input_keys(io)
+    leaves = pytree.tree_leaves(((), {k: kwargs[k] for k in keys}))
+    by_name = dict(zip(io.input_names, leaves))
+    with torch.no_grad():
+        for name, value in zip(io.updates, values):
+            by_name[name].copy_(torch.as_tensor(value))

@@ -78,7 +78,10 @@ class IoSpec:
     ``inputs``/``outputs`` are the flat graph tensors in order; ``in_spec`` and
     ``out_spec`` are serialised pytree specs that rebuild the keyword arguments
     and the model's output structure (a ``ModelOutput``); ``constants`` are the
-    non-tensor keyword arguments baked into the graph at capture.
+    non-tensor keyword arguments baked into the graph at capture. ``updates``
+    names the inputs the graph writes in place (a static cache); a runtime that
+    cannot write its inputs returns their new values as the last outputs,
+    after the ``out_spec`` leaves, and the call copies them back.
     """
 
     inputs: tuple[TensorSpec, ...] = attrs.field(converter=tuple)
@@ -87,6 +90,7 @@ class IoSpec:
     out_spec: str
     constants: Mapping[str, Any] = attrs.field(factory=dict, converter=readonly)
     bounds: Mapping[str, tuple[int, int | None]] = attrs.field(factory=dict, converter=readonly)
+    updates: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -107,6 +111,7 @@ class IoSpec:
             "out_spec": self.out_spec,
             "constants": {k: _json_constant(v) for k, v in self.constants.items()},
             "bounds": {k: list(v) for k, v in self.bounds.items()},
+            "updates": list(self.updates),
         }
 
     @classmethod
@@ -119,6 +124,7 @@ class IoSpec:
             out_spec=data["out_spec"],
             constants=data["constants"],
             bounds={k: tuple(v) for k, v in data["bounds"].items()},
+            updates=data.get("updates", ()),
         )
 
 

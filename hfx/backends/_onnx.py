@@ -27,7 +27,7 @@ from hfx._compose import per_component
 from hfx._errors import LoweringError, describe
 from hfx._io import call
 from hfx._records import Capture, Exported, IoSpec
-from hfx.backends._common import as_exported, require, spec_caches
+from hfx.backends._common import as_exported, require, spec_caches, with_updates_as_outputs
 from hfx.patches import swap_attr
 
 RUNTIME = "onnx"
@@ -110,7 +110,7 @@ def lower_to_onnx(exported: Exported | Capture, /, *, opset: int = MIN_OPSET, op
     """
     require("onnx", "onnxscript", "onnxruntime", extra="onnx")
     _check_opset(opset)
-    exported = as_exported(exported, stage="lower_to_onnx")
+    exported = with_updates_as_outputs(as_exported(exported, stage="lower_to_onnx"))
     with spec_caches(exported):
         model = _to_onnx(exported, opset=opset, optimize=optimize)
     try:
@@ -137,7 +137,7 @@ def _to_onnx(exported: Exported, *, opset: int, optimize: bool) -> Any:
     """Run ``torch.onnx.export`` on the ExportedProgram and give the graph hfx's names."""
     log = io.StringIO()
     try:
-        with _quietly(log):
+        with _quietly(log), _grad_mode_of_export():
             onnx_program = torch.onnx.export(
                 exported.program,
                 dynamo=True,
@@ -158,6 +158,25 @@ def _to_onnx(exported: Exported, *, opset: int, optimize: bool) -> Any:
     onnx_program.rename_axes(_dim_names(onnx_program.model.graph.inputs, exported.io))
     _name_output_dims(onnx_program.model, exported.io)
     return onnx_program.model
+
+
+def _grad_mode_of_export() -> contextlib.AbstractContextManager[Any]:
+    """Lower under ``no_grad``, as ``export`` traced, so torch.onnx's fake re-run of the graph sees the traced strides.
+
+    torch.onnx (2.13) re-runs the decomposed graph on fake tensors in its
+    InsertTypePromotion pass with grad enabled, where parameters require grad.
+    An attention mask built from a parameter (T5's relative position bias; mT5,
+    UMT5) then requires grad, so CPU SDPA takes the math kernel, whose output is
+    contiguous (B, H, S, D), instead of the flash kernel it was traced with, whose
+    output is laid out (B, S, H, D) (pytorch/pytorch#133671). The
+    ``.transpose(1, 2).contiguous()`` after SDPA was a no-op at trace time and left
+    no node, and torch.onnx's decompositions had turned the ``reshape`` after it
+    into a ``view`` the re-run layout cannot take: "Cannot view a tensor with
+    shape ... and strides ..." (pytorch/pytorch#136543, #179287). The grad mode
+    changes no value, only the kernel the fake run picks. Delete when torch.onnx
+    re-runs graphs under ``no_grad`` or torch.export keeps no-op ``contiguous`` calls.
+    """
+    return torch.no_grad()
 
 
 @contextlib.contextmanager
