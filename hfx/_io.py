@@ -133,10 +133,18 @@ def call(io: IoSpec, run: Callable[[list[torch.Tensor]], Sequence[Any]], kwargs:
 
 
 def _write_back(io: IoSpec, kwargs: Mapping[str, Any], values: Sequence[Any]) -> None:
-    """Copy the new values of in-place inputs into the caller's tensors (runtimes that return them)."""
+    """Give the caller's in-place inputs their new values (for runtimes that return them).
+
+    A new value of the same dtype and shape becomes the tensor's storage
+    (``set_``, no copy); anything else is copied in.
+    """
     keys = input_keys(io)
     leaves = pytree.tree_leaves(((), {k: kwargs[k] for k in keys}))
     by_name = dict(zip(io.input_names, leaves))
     with torch.no_grad():
         for name, value in zip(io.updates, values):
-            by_name[name].copy_(torch.as_tensor(value))
+            target, value = by_name[name], torch.as_tensor(value)
+            if value.dtype == target.dtype and value.shape == target.shape and value.is_contiguous():
+                target.set_(value)
+            else:
+                target.copy_(value)

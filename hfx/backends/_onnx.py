@@ -70,13 +70,43 @@ class OnnxProgram:
         return call(self.io, self._run, kwargs, program=f"OnnxProgram({self.name})")
 
     def _run(self, flat: list[torch.Tensor]) -> list[torch.Tensor]:
-        feeds = {spec.name: tensor.numpy() for spec, tensor in zip(self.io.inputs, flat)}
         try:
+            if self.io.updates:
+                return self._run_in_place(flat)
+            feeds = {spec.name: tensor.numpy() for spec, tensor in zip(self.io.inputs, flat)}
             outputs = self._session.run(list(self.io.output_names), feeds)
         except Exception as exc:
             msg = f"OnnxProgram({self.name}): ONNX Runtime failed: {_first_line(exc)}"
             raise LoweringError(msg) from exc
         return [torch.from_numpy(output) for output in outputs]
+
+    def _run_in_place(self, flat: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run with IO binding: inputs are read from the tensors' memory and the new values of
+        in-place inputs (a static cache) are written straight into torch tensors, which then
+        replace the caller's buffers without a copy (``hfx._io`` swaps the storage).
+
+        Binding an output to its own input's memory is not safe: ONNX Runtime may read the
+        input after it wrote the output (measured: wrong tokens).
+        """
+        binding = self._session.io_binding()
+        for spec, tensor in zip(self.io.inputs, flat):
+            binding.bind_input(spec.name, "cpu", 0, _numpy_dtype(tensor), list(tensor.shape), tensor.data_ptr())
+        where = dict(zip(self.io.input_names, flat))
+        returned = len(self.io.outputs) - len(self.io.updates)
+        for spec in self.io.outputs[:returned]:
+            binding.bind_output(spec.name, "cpu")
+        fresh = [torch.empty_like(where[name]) for name in self.io.updates]
+        for spec, target in zip(self.io.outputs[returned:], fresh):
+            binding.bind_output(spec.name, "cpu", 0, _numpy_dtype(target), list(target.shape), target.data_ptr())
+        self._session.run_with_iobinding(binding)
+        outputs = [torch.from_numpy(value) for value in binding.copy_outputs_to_cpu()[:returned]]
+        return outputs + fresh
+
+
+def _numpy_dtype(tensor: torch.Tensor) -> Any:
+    import numpy as np
+
+    return np.dtype(str(tensor.dtype).removeprefix("torch."))
 
 
 @curry

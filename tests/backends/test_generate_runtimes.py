@@ -1,0 +1,73 @@
+"""generate on every runtime: the lowered prefill/decode (+ encoder) graphs give exactly the eager tokens."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import hfx
+from hfx import zoo
+from tests.helpers import GENERATIVE_MODELS, NEW_TOKENS, eager_tokens
+
+# runtime -> (module that must be importable, the lowering's name in hfx)
+RUNTIMES = {"onnx": ("onnxruntime", "lower_to_onnx")}
+
+
+def _lowering(runtime: str):
+    module, name = RUNTIMES[runtime]
+    pytest.importorskip(module)
+    return getattr(hfx, name)
+
+
+@pytest.fixture(scope="module")
+def lowered(generative):
+    cache: dict[tuple[str, str], hfx.Components] = {}
+
+    def get(runtime: str, name: str) -> tuple[torch.nn.Module, hfx.Components]:
+        model, parts = generative(name)
+        if (runtime, name) not in cache:
+            cache[runtime, name] = _lowering(runtime)(parts)
+        return model, cache[runtime, name]
+
+    return get
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("name", GENERATIVE_MODELS)
+def test_greedy_tokens_match_eager(lowered, runtime, name):
+    model, programs = lowered(runtime, name)
+    inputs = zoo.inputs(name, batch=2, sequence=9)
+    expected = eager_tokens(model, inputs, NEW_TOKENS[name])
+    assert torch.equal(hfx.generate(programs, **inputs, max_new_tokens=NEW_TOKENS[name]), expected)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_batch_one_and_seeded_sampling(lowered, runtime):
+    model, programs = lowered(runtime, "llama")
+    inputs = zoo.inputs("llama", batch=1, sequence=5)
+    assert torch.equal(hfx.generate(programs, **inputs, max_new_tokens=32), eager_tokens(model, inputs, 32))
+    first = hfx.generate(programs, **inputs, max_new_tokens=8, do_sample=True, top_k=20, seed=11)
+    assert torch.equal(first, hfx.generate(programs, **inputs, max_new_tokens=8, do_sample=True, top_k=20, seed=11))
+
+
+@pytest.fixture(scope="module")
+def static_parts(models):
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(cache_implementation="static", max_cache_len=40)
+    model = models("llama")
+    return model, config, hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model), generation_config=config))
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_static_cache_updates_in_place(static_parts, runtime):
+    model, config, parts = static_parts
+    programs = _lowering(runtime)(parts)
+    decode = programs["decode"]
+    assert decode.io.updates and decode.io.outputs[-1].name.startswith("updated.")
+    inputs = zoo.inputs("llama", batch=2, sequence=9)
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=16, do_sample=False, generation_config=config)
+    assert torch.equal(hfx.generate(programs, **inputs, max_new_tokens=16), expected)
