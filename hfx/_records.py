@@ -193,8 +193,11 @@ class Exported:
     dynamic_shapes: DynamicShapes
     name: str = "model"
     source_class: str = ""
+    # hfx's call checks the inputs (names, dtypes, dims, bounds) before the graph runs; torch's
+    # guard function breaks on reloaded programs whose cache input has no tensors yet (an empty
+    # prefill cache), and the relations it checks stay in the graph as runtime asserts.
     _module: Any = attrs.field(
-        init=False, repr=False, default=attrs.Factory(lambda self: self.program.module(), takes_self=True)
+        init=False, repr=False, default=attrs.Factory(lambda self: self.program.module(check_guards=False), takes_self=True)
     )
 
     def __call__(self, **kwargs: Any) -> Any:

@@ -15,6 +15,7 @@ from hfx._records import Components, IoSpec
 
 SCHEMA_VERSION = 1
 MANIFEST = "hfx.json"
+PROCESSOR = "processor"
 
 # Program record class -> the module that writes and reads its files. Read-only: nothing registers here.
 _RUNTIME_MODULES = MappingProxyType(
@@ -34,12 +35,16 @@ def _runtime_module(kind: str) -> Any:
     return importlib.import_module(_RUNTIME_MODULES[kind])
 
 
-def save(program: Any, directory: str | os.PathLike[str], /, *, overwrite: bool = False) -> Path:
+def save(
+    program: Any, directory: str | os.PathLike[str], /, *, overwrite: bool = False, processor: Any = None
+) -> Path:
     """Save a program (or ``Components`` of programs) to ``directory``.
 
     The directory holds ``hfx.json`` (schema version, hfx and package versions,
     and per component: runtime, files and calling contract) plus each runtime's
     own files (``.pt2``, ``.onnx`` + ``.onnx.data``, ``.pte``, ``.xml``/``.bin``).
+    For ``Components`` it also keeps what ``generate`` needs (the generation
+    config, in ``meta``) and a tokenizer or processor in ``processor/``.
     Files are written to a temporary directory next to the target and moved in
     at the end, so a failed save leaves nothing behind.
 
@@ -47,6 +52,8 @@ def save(program: Any, directory: str | os.PathLike[str], /, *, overwrite: bool 
         program: an ``Exported``, ``OnnxProgram``, ``PteProgram``, ``OvProgram`` or ``Components``.
         directory: where to save; must not exist unless ``overwrite``.
         overwrite: replace an existing directory.
+        processor: a tokenizer or processor (``save_pretrained``) to keep with the
+            programs; defaults to ``program.processor`` for ``Components``.
 
     Returns:
         The directory's path.
@@ -70,6 +77,10 @@ def save(program: Any, directory: str | os.PathLike[str], /, *, overwrite: bool 
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         manifest = _write_components(components, staging, single=not isinstance(program, Components))
+        processor = processor if processor is not None else components.processor
+        if processor is not None:
+            processor.save_pretrained(staging / PROCESSOR)
+            manifest["processor"] = PROCESSOR
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         _move_into_place(staging, target)
     except BaseException:
@@ -93,6 +104,7 @@ def _write_components(components: Components, staging: Path, *, single: bool) ->
         "hfx_version": __version__,
         "versions": versions("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "openvino"),
         "single": single,
+        "meta": dict(components.meta),
         "components": entries,
     }
 
@@ -130,4 +142,15 @@ def load(directory: str | os.PathLike[str], /) -> Any:
     }
     if manifest.get("single") and len(programs) == 1:
         return next(iter(programs.values()))
-    return Components(items=programs)
+    processor = _load_processor(path / manifest["processor"]) if manifest.get("processor") else None
+    return Components(items=programs, meta=manifest.get("meta", {}), processor=processor)
+
+
+def _load_processor(path: Path) -> Any:
+    """The processor saved with the programs: a multimodal processor, else a tokenizer."""
+    import transformers
+
+    try:
+        return transformers.AutoProcessor.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return transformers.AutoTokenizer.from_pretrained(path)

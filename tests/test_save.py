@@ -58,3 +58,25 @@ def test_load_errors(tmp_path):
     (tmp_path / MANIFEST).write_text(json.dumps({"schema_version": 99, "components": {}}))
     with pytest.raises(ValueError, match="Upgrade hfx"):
         hfx.load(tmp_path)
+
+
+def _tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i + 2 for i in range(100)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
+
+
+def test_generation_components_keep_meta_and_tokenizer(generative, tmp_path):
+    model, parts = generative("llama")
+    tokenizer = _tiny_tokenizer()
+    path = hfx.save(parts, tmp_path / "gen", processor=tokenizer)
+    loaded = hfx.load(path)
+    assert list(loaded) == ["prefill", "decode"]
+    assert loaded.meta == parts.meta and loaded.meta["generation_config"]["eos_token_id"] == 2
+    assert loaded.processor("w1 w2 w3")["input_ids"] == tokenizer("w1 w2 w3")["input_ids"]
+    inputs = hfx.zoo.inputs("llama", batch=2, sequence=6)
+    assert torch.equal(hfx.generate(loaded, **inputs, max_new_tokens=8), hfx.generate(parts, **inputs, max_new_tokens=8))

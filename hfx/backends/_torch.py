@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,12 @@ def save_files(program: Exported, directory: Path) -> dict[str, Any]:
     from hfx._caches import registered_caches
 
     filename = f"{program.name}.pt2"
+    # Example inputs would pickle cache objects, which torch.export.load then only reads with
+    # weights_only=False (and a logging error); the program does not need them.
+    without_examples = copy.copy(program.program)
+    without_examples._example_inputs = None  # noqa: SLF001
     with registered_caches():
-        torch.export.save(program.program, directory / filename)
+        torch.export.save(without_examples, directory / filename)
     return {
         "files": [filename],
         "dynamic_shapes": program.dynamic_shapes.to_json(),
