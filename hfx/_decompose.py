@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -38,8 +39,6 @@ def _recording(module: torch.nn.Module, calls: list[dict[str, Any]]) -> Iterator
     def hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         bound = dict(kwargs)
         if args:
-            import inspect
-
             names = list(inspect.signature(mod.forward).parameters)
             bound.update(zip(names, args))
         calls.append(copy.deepcopy(bound))
@@ -71,13 +70,86 @@ def _encoder(model: torch.nn.Module) -> torch.nn.Module | None:
     return get() if callable(get) else None
 
 
-def _generate_calls(
-    model: torch.nn.Module, inputs: Mapping[str, Any], steps: int, generation_config: Any
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-    """Run ``generate`` for ``steps`` new tokens; return the encoder calls, the forward calls and the output length."""
+class FeatureEncoder(torch.nn.Module):
+    """A model's ``get_<modality>_features`` method as a module, so it exports as a component.
+
+    It holds the model's base model as its only child (shared weights: the
+    user's model is not changed). The per-layer ``hidden_states`` and
+    ``attentions`` the method requests to select features from are not
+    returned: the language model reads the features, and a runtime graph
+    cannot return the ``None`` entries those tuples hold.
+    """
+
+    def __init__(self, owner: torch.nn.Module, method: str) -> None:
+        super().__init__()
+        self.owner = owner
+        self.method = method
+
+    def forward(self, **kwargs: Any) -> Any:
+        """Call the feature method with ``kwargs``."""
+        return features_only(getattr(self.owner, self.method)(**kwargs))
+
+
+def features_only(output: Any) -> Any:
+    """An encoder output without its per-layer ``hidden_states`` and ``attentions``, one tensor per field.
+
+    LLaVA-family ``get_image_features`` return a Python list with one tensor
+    per image, which fixes the number of images in the graph; the language
+    model concatenates that list along axis 0 first, so a one-element list
+    holding the concatenation is the same input for any number of images.
+    """
+    if not isinstance(output, Mapping):
+        return output
+    kept = {k: v for k, v in output.items() if k not in ("hidden_states", "attentions")}
+    for key, value in kept.items():
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            kept[key] = [torch.cat(list(value), dim=0)]
+    return type(output)(**kept)
+
+
+_MODALITIES = ("image", "video", "audio")
+
+
+def _feature_methods(model: torch.nn.Module) -> dict[str, str]:
+    """``{modality: method name}`` for the ``get_<modality>_features`` that generate runs before forward."""
+    modalities = getattr(model, "input_modalities", ()) or ()
+    base = getattr(model, "base_model", model)
+    return {m: f"get_{m}_features" for m in _MODALITIES if m in modalities and hasattr(base, f"get_{m}_features")}
+
+
+@contextlib.contextmanager
+def _recording_method(owner: torch.nn.Module, name: str, calls: list[dict[str, Any]]) -> Iterator[None]:
+    """Record the keyword arguments of ``owner.name(...)`` calls inside the block (a reversible instance patch)."""
+    from hfx.patches import swap_attr
+
+    method = getattr(owner, name)
+    signature = inspect.signature(method)
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        kwargs = {**dict(zip(signature.parameters, args)), **kwargs}
+        calls.append(copy.deepcopy(kwargs))
+        return method(**kwargs)
+
+    recorded.__signature__ = signature  # type: ignore[attr-defined]  # generate picks its kwargs by signature
+    with swap_attr(owner, name, recorded):
+        yield
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class _Recorded:
+    """What one ``generate`` run called: encoders (module, kwargs) and the forward calls."""
+
+    encoders: dict[str, tuple[torch.nn.Module, dict[str, Any]]]
+    calls: list[dict[str, Any]]
+    length: int
+
+
+def _generate_calls(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int, generation_config: Any) -> _Recorded:
+    """Run ``generate`` for ``steps`` new tokens and record every encoder and forward call."""
     calls: list[dict[str, Any]] = []
-    encoder_calls: list[dict[str, Any]] = []
+    encoder_calls: dict[str, list[dict[str, Any]]] = {}
     encoder = _encoder(model)
+    base = getattr(model, "base_model", model)
     options = {"max_new_tokens": steps, "min_new_tokens": steps, "do_sample": False}
     if generation_config is not None:
         options["generation_config"] = generation_config
@@ -85,11 +157,15 @@ def _generate_calls(
         stack.enter_context(preserve_module_state(model))
         stack.enter_context(_recording(model, calls))
         if encoder is not None:
-            stack.enter_context(_recording(encoder, encoder_calls))
+            stack.enter_context(_recording(encoder, encoder_calls.setdefault("encoder", [])))
+        for modality, method in _feature_methods(model).items():
+            stack.enter_context(_recording_method(base, method, encoder_calls.setdefault(f"{modality}_encoder", [])))
         with torch.no_grad():
             output = model.generate(**copy.deepcopy(dict(inputs)), **options)
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
-    return encoder_calls, calls, int(sequences.shape[-1])
+    modules = {"encoder": encoder, **{f"{m}_encoder": FeatureEncoder(base, f) for m, f in _feature_methods(model).items()}}
+    encoders = {name: (modules[name], found[0]) for name, found in encoder_calls.items() if found}
+    return _Recorded(encoders=encoders, calls=calls, length=int(sequences.shape[-1]))
 
 
 def _with_mask(capture: Capture) -> dict[str, Any]:
@@ -109,6 +185,27 @@ def _with_mask(capture: Capture) -> dict[str, Any]:
         mask[0, 0] = 0
         inputs["attention_mask"] = mask
     return inputs
+
+
+def _one_item(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A feature encoder's inputs cut to the first image (or clip), when every tensor input is batched alike.
+
+    Some encoders split their output per image in Python (LLaVA's
+    ``list(image_features)``), which fixes the number of images in the graph;
+    captured on one image, ``generate`` runs such an encoder once per image.
+    """
+    tensors = [v for v in kwargs.values() if isinstance(v, torch.Tensor) and v.ndim]
+    if not tensors or len({int(t.shape[0]) for t in tensors}) != 1:
+        return kwargs
+    return {k: v[:1] if isinstance(v, torch.Tensor) and v.ndim else v for k, v in kwargs.items()}
+
+
+def _with_features_only(call: dict[str, Any]) -> dict[str, Any]:
+    """The call with its pre-encoded ``mm_encoder_outputs`` as the encoder components return them."""
+    encoded = call.get("mm_encoder_outputs")
+    if not isinstance(encoded, Mapping):
+        return call
+    return {**call, "mm_encoder_outputs": {k: features_only(v) for k, v in encoded.items()}}
 
 
 def _with_2d_mask(call: dict[str, Any], inputs: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -173,8 +270,13 @@ def decompose(
     of at least 2 and does not specialise that axis).
 
     Components: decoder-only models give ``prefill`` and ``decode``;
-    encoder-decoder models give ``encoder``, ``prefill`` and ``decode``; a
-    model that does not generate gives one component, ``model``. With
+    encoder-decoder models give ``encoder``, ``prefill`` and ``decode``;
+    multimodal models give ``image_encoder`` / ``video_encoder`` /
+    ``audio_encoder`` (the model's ``get_<modality>_features``: vision tower,
+    feature selection and projector, which ``generate()`` runs before
+    ``forward``), then ``prefill`` (embedding, merge, language model, head)
+    and ``decode``; a model that does not generate gives one component,
+    ``model``. With
     ``multi_token_decode`` there is no ``prefill``: the decode graph takes
     1..N new tokens over a past of 0..N, so it prefills too.
 
@@ -201,16 +303,16 @@ def decompose(
         return Components(items={"model": attrs.evolve(capture, name="model")})
     inputs = _with_mask(capture)
     steps = _steps(model, inputs, multi_token_decode)
-    encoder_calls, calls, length = _generate_calls(model, inputs, steps, generation_config)
-    calls = [_with_2d_mask(call, inputs, index) for index, call in enumerate(calls)]
+    recorded = _generate_calls(model, inputs, steps, generation_config)
+    calls = [_with_features_only(_with_2d_mask(call, inputs, index)) for index, call in enumerate(recorded.calls)]
     decode = _pick_decode(calls, multi_token=multi_token_decode)
     if not calls or decode is None:
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
         raise CaptureError(describe("decompose", model, "decode", what, "Pass a prompt of at least 2 tokens."))
-    parts: dict[str, Capture] = {}
-    if encoder_calls:
-        encoder = _encoder(model)
-        parts["encoder"] = Capture(module=encoder, source=encoder, kwargs=encoder_calls[0], name="encoder")
+    parts: dict[str, Capture] = {
+        name: Capture(module=module, source=module, kwargs=_one_item(kwargs) if name != "encoder" else kwargs, name=name)
+        for name, (module, kwargs) in recorded.encoders.items()
+    }
     if not multi_token_decode:  # a multi-token decode graph prefills too, from an empty cache
         parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
     decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
@@ -218,7 +320,8 @@ def decompose(
     meta = generation_meta(model, generation_config)
     meta["cache_input"] = next((k for k, v in decode.items() if is_cache(v)), None)
     # Some generate()s (Whisper's) return the decoder ids without the start token.
-    meta["returns_start_token"] = length == steps + 1 if meta["is_encoder_decoder"] else True
+    meta["returns_start_token"] = recorded.length == steps + 1 if meta["is_encoder_decoder"] else True
+    meta["feature_encoders"] = {f"{m}_encoder": m for m in _feature_methods(model) if f"{m}_encoder" in parts}
     return Components(items=parts, meta=meta)
 
 

@@ -98,6 +98,9 @@ def _rule_for(name: str, owners: tuple[type, ...] = (), ndim: int = 2) -> Mappin
         return {0: "batch", 2: "sequence" if top == "attention_mask" else "decoder_sequence"}
     if top in ("encoder_outputs", "encoder_hidden_states"):
         return {0: "batch", 1: "sequence"}
+    if top == "mm_encoder_outputs":  # features encoded before forward: per image, or all images' tokens in a row
+        modality = name.split(".")[1] if "." in name else "media"
+        return {0: f"{modality}_count"} if ndim >= 3 else {0: f"{modality}_tokens"}
     return next((rule for names, rule in _AXIS_RULES if top in names), None)
 
 

@@ -148,10 +148,7 @@ def io_spec(program: torch.export.ExportedProgram, flat: Capture, shapes: Dynami
     """The calling contract of ``program``: flat inputs and outputs with named dims, specs and bounds."""
     symbols = _symbol_names(program, flat.kwargs, shapes)
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    inputs = [
-        _tensor_spec(name, placeholders[user].meta["val"], symbols)
-        for (name, _), user in zip(named_leaves(flat.kwargs), program.graph_signature.user_inputs)
-    ]
+    inputs = [_tensor_spec(name, placeholders[user].meta["val"], symbols) for name, user in _user_inputs(program, flat.kwargs)]
     output_node = next(n for n in program.graph.nodes if n.op == "output")
     user_outputs = output_node.args[0][-len(program.graph_signature.user_outputs):] if program.graph_signature.user_outputs else []
     taken = {spec.name for spec in inputs}
@@ -193,6 +190,12 @@ def _written_inputs(program: torch.export.ExportedProgram) -> set[str]:
     return written
 
 
+def _user_inputs(program: torch.export.ExportedProgram, kwargs: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(leaf name, placeholder name)`` of each tensor input; ``None`` and other constants have no placeholder."""
+    pairs = zip(named_leaves(kwargs), program.graph_signature.user_inputs, strict=True)
+    return [(name, user) for (name, leaf), user in pairs if isinstance(leaf, torch.Tensor) and user is not None]
+
+
 def _finite(bound: Any) -> int | None:
     """``int(bound)``, or ``None`` for torch's ``int_oo`` / sympy's ``oo``."""
     return int(bound) if getattr(bound, "is_Integer", False) else None
@@ -202,7 +205,7 @@ def _symbol_names(program: torch.export.ExportedProgram, kwargs: Mapping[str, An
     """Map each input symbol of ``program`` (``s43``) to its dim name (``batch``)."""
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     names: dict[sympy.Symbol, str] = {}
-    for (leaf, _), user in zip(named_leaves(kwargs), program.graph_signature.user_inputs):
+    for leaf, user in _user_inputs(program, kwargs):
         val = placeholders[user].meta.get("val")
         for axis, dim in shapes.axes.get(leaf, {}).items():
             size = val.shape[axis] if isinstance(val, torch.Tensor) else None

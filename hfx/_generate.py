@@ -132,9 +132,49 @@ def generate(
     choose = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p, "generator": generator}
 
     state: dict[str, Any] = dict(inputs)
+    _run_feature_encoders(programs, state)
     if meta.get("is_encoder_decoder"):
         return _generate_encoder_decoder(programs, state, max_new_tokens, eos, pad, choose)
     return _generate_decoder_only(programs, state, max_new_tokens, eos, pad, choose)
+
+
+def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> None:
+    """Encode images / video / audio once, as generate() does before forward (``mm_encoder_outputs``)."""
+    encoders = programs.meta.get("feature_encoders", {})
+    if not encoders:
+        return
+    outputs = {}
+    for name, modality in encoders.items():
+        encoder = programs[name]
+        keys = input_keys(encoder.io)
+        outputs[modality] = _encode_in_chunks(encoder, {k: state.pop(k) for k in keys if k in state})
+    state["mm_encoder_outputs"] = outputs
+
+
+def _encode_in_chunks(encoder: Any, inputs: dict[str, Any]) -> Any:
+    """Run ``encoder``; one whose image axis is static (per-image splits in Python) runs chunk by chunk."""
+    first = encoder.io.inputs[0].shape[0] if encoder.io.inputs and encoder.io.inputs[0].shape else None
+    tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.ndim]
+    if not isinstance(first, int) or not tensors or int(tensors[0].shape[0]) == first:
+        return encoder(**inputs)
+    total = int(tensors[0].shape[0])
+    chunks = [
+        encoder(**{k: v[start:start + first] if isinstance(v, torch.Tensor) and v.ndim else v for k, v in inputs.items()})
+        for start in range(0, total, first)
+    ]
+    return _concatenated(chunks)
+
+
+def _concatenated(outputs: list[Any]) -> Any:
+    """Encoder outputs of consecutive chunks as one: tensors joined on axis 0, lists of tensors as one tensor."""
+    merged = {}
+    for key in outputs[0]:
+        values = [output[key] for output in outputs]
+        if isinstance(values[0], torch.Tensor):
+            merged[key] = torch.cat(values, dim=0)
+        else:
+            merged[key] = [torch.cat([t for value in values for t in value], dim=0)]
+    return type(outputs[0])(**merged)
 
 
 def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, token_key: str, mask_key: str,

@@ -47,7 +47,8 @@ def flat_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> list[
         msg = f"{program}: the structure of the inputs differs from the captured one; expected {load_spec(io.in_spec)}"
         raise InputError(msg)
     sizes: dict[str, tuple[int, str]] = {}
-    return [_checked(leaf, tensor_spec, sizes, io, program) for leaf, tensor_spec in zip(leaves, io.inputs)]
+    tensors = [leaf for leaf in leaves if leaf is not None]  # None leaves are constants of the graph
+    return [_checked(leaf, tensor_spec, sizes, io, program) for leaf, tensor_spec in zip(tensors, io.inputs, strict=True)]
 
 
 def _check_names(io: IoSpec, keys: Sequence[str], kwargs: Mapping[str, Any], program: str) -> None:
@@ -139,7 +140,7 @@ def _write_back(io: IoSpec, kwargs: Mapping[str, Any], values: Sequence[Any]) ->
     (``set_``, no copy); anything else is copied in.
     """
     keys = input_keys(io)
-    leaves = pytree.tree_leaves(((), {k: kwargs[k] for k in keys}))
+    leaves = [leaf for leaf in pytree.tree_leaves(((), {k: kwargs[k] for k in keys})) if leaf is not None]
     by_name = dict(zip(io.input_names, leaves))
     with torch.no_grad():
         for name, value in zip(io.updates, values):

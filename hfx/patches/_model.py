@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,10 +36,11 @@ def preserve_module_state(model: torch.nn.Module) -> Iterator[None]:
     """Restore every submodule's and config's attributes, parameters and buffers on exit.
 
     Tracing runs the model's Python code with fake tensors; code that caches on
-    ``self`` (rotary tables, ``cached_sequence_length``, lazily built masks)
-    would otherwise keep fake tensors after the export. This takes a shallow
-    snapshot of each ``__dict__`` (and the parameter, buffer and submodule dicts)
-    and puts back exactly what was there.
+    ``self`` (rotary tables, ``cached_sequence_length``, lazily built masks,
+    output-capturing hooks that transformers installs on first use) would
+    otherwise keep fake tensors or half-installed hooks after the export. This
+    takes a shallow snapshot of each ``__dict__`` and of every dict in it
+    (parameters, buffers, submodules, hooks) and puts back exactly what was there.
     """
     owners = [*model.modules(), *_configs(model)]
     snapshots = [(owner, _snapshot(owner)) for owner in owners]
@@ -49,12 +51,17 @@ def preserve_module_state(model: torch.nn.Module) -> Iterator[None]:
             _restore(owner, snapshot)
 
 
+class _Contents:
+    """A dict attribute and what it held (parameters, buffers, submodules, hooks that code adds lazily)."""
+
+    __slots__ = ("container", "items")
+
+    def __init__(self, container: dict[Any, Any]) -> None:
+        self.container, self.items = container, dict(container)
+
+
 def _snapshot(owner: Any) -> dict[str, Any]:
-    state = dict(vars(owner))
-    for key in ("_parameters", "_buffers", "_modules"):
-        if key in state:
-            state[key] = (state[key], dict(state[key]))
-    return state
+    return {key: _Contents(value) if type(value) in (dict, OrderedDict) else value for key, value in vars(owner).items()}
 
 
 def _restore(owner: Any, snapshot: dict[str, Any]) -> None:
@@ -62,11 +69,10 @@ def _restore(owner: Any, snapshot: dict[str, Any]) -> None:
     for key in [k for k in current if k not in snapshot]:
         del current[key]
     for key, value in snapshot.items():
-        if key in ("_parameters", "_buffers", "_modules"):
-            container, contents = value
-            container.clear()
-            container.update(contents)
-            current[key] = container
+        if isinstance(value, _Contents):
+            value.container.clear()
+            value.container.update(value.items)
+            current[key] = value.container
         elif current.get(key, object()) is not value:
             current[key] = value
 
