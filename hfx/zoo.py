@@ -57,6 +57,22 @@ def _audio_features(config: Any, batch: int, sequence: int) -> dict[str, torch.T
     return {"input_features": torch.randn(batch, config.num_mel_bins, frames, generator=generator)}
 
 
+def _llava_inputs(config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    """An image and a prompt: image placeholder tokens, then text; row 0 left-padded when batch > 1."""
+    generator = torch.Generator().manual_seed(batch * 1000 + sequence)
+    vision = config.vision_config
+    image_tokens = (vision.image_size // vision.patch_size) ** 2
+    text = torch.randint(3, config.text_config.vocab_size - 1, (batch, sequence), generator=generator)
+    ids = torch.cat([torch.full((batch, image_tokens), config.image_token_id), text], dim=1)
+    mask = torch.ones_like(ids)
+    pad = min(2, sequence - 1) if batch > 1 else 0
+    if pad:
+        ids[0] = torch.cat([torch.zeros(pad, dtype=ids.dtype), ids[0, :-pad]])
+        mask[0, :pad] = 0
+    pixels = torch.randn(batch, vision.num_channels, vision.image_size, vision.image_size, generator=generator)
+    return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
+
+
 def _llama() -> Any:
     from transformers import LlamaConfig
 
@@ -103,6 +119,17 @@ def _whisper() -> Any:
                          forced_decoder_ids=None, init_std=0.5)
 
 
+def _llava() -> Any:
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=32, patch_size=8, projection_dim=32)
+    text = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return LlavaConfig(vision_config=vision, text_config=text, image_token_index=255, projector_hidden_act="gelu",
+                       vision_feature_layer=-1, vision_feature_select_strategy="default")
+
+
 ENTRIES: Mapping[str, ZooEntry] = MappingProxyType(
     {
         entry.name: entry
@@ -114,6 +141,8 @@ ENTRIES: Mapping[str, ZooEntry] = MappingProxyType(
             ZooEntry(name="t5", family="encoder-decoder", auto_class="AutoModelForSeq2SeqLM", config=_t5, inputs=_token_inputs),
             ZooEntry(name="whisper", family="encoder-decoder", auto_class="AutoModelForSpeechSeq2Seq", config=_whisper,
                      inputs=_audio_features),
+            ZooEntry(name="llava", family="vision-language", auto_class="AutoModelForImageTextToText", config=_llava,
+                     inputs=_llava_inputs),
         )
     }
 )

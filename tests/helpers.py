@@ -29,8 +29,8 @@ def assert_same_state(model: torch.nn.Module, before: dict[str, torch.Tensor]) -
         assert torch.equal(after[key], value), key
 
 
-GENERATIVE_MODELS = ("llama", "t5", "whisper")
-NEW_TOKENS = {"llama": 32, "t5": 16, "whisper": 16}
+GENERATIVE_MODELS = ("llama", "t5", "whisper", "llava")
+NEW_TOKENS = {"llama": 32, "t5": 16, "whisper": 16, "llava": 16}
 
 
 def eager_tokens(model: torch.nn.Module, inputs: dict[str, torch.Tensor], new_tokens: int) -> torch.Tensor:

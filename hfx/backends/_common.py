@@ -39,6 +39,62 @@ def spec_caches(exported: Exported) -> Any:
     return registered_caches(classes_in_spec(exported.io.in_spec) + classes_in_spec(exported.io.out_spec))
 
 
+_ASSERT_OPS = ("aten._assert_scalar", "aten._assert_tensor_metadata", "aten.sym_constrain_range_for_size",
+               "aten._assert_async")
+
+
+def without_runtime_asserts(exported: Exported) -> Exported:
+    """``exported`` with the graph's runtime asserts (and the nodes only they used) removed.
+
+    Checks like transformers' ``torch_compilable_check`` (image tokens match
+    image features) and deferred shape relations trace to
+    ``_is_all_true -> item -> _assert_scalar``: ONNX has no ``_is_all_true``,
+    ExecuTorch and OpenVINO no asserts. hfx checks names, dtypes, dims and
+    bounds before a call. The graph is copied; the ``Exported`` given is not changed.
+    """
+    import copy
+
+    import attrs
+    import torch
+    from torch.export.exported_program import ExportedProgram
+
+    program = exported.program
+    if not any(_is_assert(node) for node in program.graph.nodes):
+        return exported
+    graph = copy.deepcopy(program.graph)
+    for node in reversed(list(graph.nodes)):
+        if _is_assert(node) or (node.op == "call_function" and not node.users and _only_feeds_asserts(node)):
+            graph.erase_node(node)
+    module = torch.fx.GraphModule(program.graph_module, graph)
+    copied = ExportedProgram(
+        root=module,
+        graph=module.graph,
+        graph_signature=program.graph_signature,
+        state_dict=program.state_dict,
+        range_constraints=program.range_constraints,
+        module_call_graph=program.module_call_graph,
+        constants=program.constants,
+        verifiers=[program.verifier],
+    )
+    return attrs.evolve(exported, program=copied)
+
+
+def _is_assert(node: Any) -> bool:
+    return node.op == "call_function" and any(name in str(node.target) for name in _ASSERT_OPS)
+
+
+def _only_feeds_asserts(node: Any) -> bool:
+    """Nodes that computed an assert's condition (``_is_all_true``, ``item``, comparisons of sizes)."""
+    target = str(node.target)
+    return any(name in target for name in ("_is_all_true", "_local_scalar_dense", "operator.", "sym_", "aten.eq", "aten.ge",
+                                           "aten.le", "aten.lt", "aten.gt", "aten.ne", "aten.all", "aten.any"))
+
+
+def for_runtime(exported: Exported) -> Exported:
+    """What a runtime that cannot write inputs or run asserts lowers: asserts removed, in-place writes as outputs."""
+    return with_updates_as_outputs(without_runtime_asserts(exported))
+
+
 def with_updates_as_outputs(exported: Exported) -> Exported:
     """``exported`` with its in-place input writes turned into trailing outputs.
 

@@ -27,7 +27,7 @@ from hfx._compose import per_component
 from hfx._errors import LoweringError, describe
 from hfx._io import call
 from hfx._records import Capture, Exported, IoSpec
-from hfx.backends._common import as_exported, require, spec_caches, with_updates_as_outputs
+from hfx.backends._common import as_exported, for_runtime, require, spec_caches
 from hfx.patches import swap_attr
 
 RUNTIME = "onnx"
@@ -140,7 +140,7 @@ def lower_to_onnx(exported: Exported | Capture, /, *, opset: int = MIN_OPSET, op
     """
     require("onnx", "onnxscript", "onnxruntime", extra="onnx")
     _check_opset(opset)
-    exported = with_updates_as_outputs(as_exported(exported, stage="lower_to_onnx"))
+    exported = for_runtime(as_exported(exported, stage="lower_to_onnx"))
     with spec_caches(exported):
         model = _to_onnx(exported, opset=opset, optimize=optimize)
     try:
