@@ -33,6 +33,8 @@ from hfx._save import save as save
 from hfx._signature import flatten_signature as flatten_signature
 from hfx._verify import Report as Report
 from hfx._verify import verify as verify
+from hfx.backends._executorch import PteProgram as PteProgram
+from hfx.backends._executorch import lower_to_pte as lower_to_pte
 from hfx.backends._onnx import OnnxProgram as OnnxProgram
 from hfx.backends._onnx import lower_to_onnx as lower_to_onnx
 from hfx.patches import with_patches as with_patches
@@ -51,6 +53,7 @@ __all__ = [
     "IoSpec",
     "LoweringError",
     "OnnxProgram",
+    "PteProgram",
     "PatchError",
     "Report",
     "TensorSpec",
@@ -64,6 +67,7 @@ __all__ = [
     "infer_dynamic_shapes",
     "load",
     "lower_to_onnx",
+    "lower_to_pte",
     "per_component",
     "save",
     "verify",

@@ -62,9 +62,14 @@ def without_runtime_asserts(exported: Exported) -> Exported:
     if not any(_is_assert(node) for node in program.graph.nodes):
         return exported
     graph = copy.deepcopy(program.graph)
-    for node in reversed(list(graph.nodes)):
-        if _is_assert(node) or (node.op == "call_function" and not node.users and _only_feeds_asserts(node)):
+    for node in [n for n in graph.nodes if _is_assert(n)]:
+        graph.erase_node(node)
+    changed = True
+    while changed:  # then what computed their conditions, now unused
+        dead = [n for n in graph.nodes if n.op == "call_function" and not n.users and _only_feeds_asserts(n)]
+        for node in dead:
             graph.erase_node(node)
+        changed = bool(dead)
     module = torch.fx.GraphModule(program.graph_module, graph)
     copied = ExportedProgram(
         root=module,
@@ -85,8 +90,12 @@ def _is_assert(node: Any) -> bool:
 
 def _only_feeds_asserts(node: Any) -> bool:
     """Nodes that computed an assert's condition (``_is_all_true``, ``item``, comparisons of sizes)."""
+    import operator
+
+    if getattr(node.target, "__module__", None) in ("_operator", operator.__name__):
+        return True  # size comparisons (``sym_ite(cond) >= 1``)
     target = str(node.target)
-    return any(name in target for name in ("_is_all_true", "_local_scalar_dense", "operator.", "sym_", "aten.eq", "aten.ge",
+    return any(name in target for name in ("_is_all_true", "_local_scalar_dense", "aten.item", "operator.", "sym_", "aten.eq", "aten.ge",
                                            "aten.le", "aten.lt", "aten.gt", "aten.ne", "aten.all", "aten.any"))
 
 

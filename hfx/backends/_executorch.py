@@ -1,0 +1,493 @@
+"""The ExecuTorch runtime: ``lower_to_pte`` and ``PteProgram``, a ``.pte`` program delegated to XNNPACK.
+
+ExecuTorch plans the memory of every tensor when the program is built, at the
+upper bound of each dynamic dim, and the runtime cannot grow a tensor past it
+(error 0x12, "Attempted to resize a bounded tensor"). An unbounded dim is
+planned at its trace size instead, so a program captured at batch 2 fails at
+batch 3. ``lower_to_pte`` therefore gives every dynamic dim a finite upper
+bound (``max_sizes``, with defaults below), plans the program for it and
+records it in ``io.bounds``: ``hfx._io`` rejects a larger input with an
+``InputError`` that names the dim before the runtime sees it.
+
+The bounds live in the shape environment that every tensor of an
+``ExportedProgram`` shares, not in its ``range_constraints`` (narrowing a copy
+of those changes nothing in the plan). So ``hfx.export`` exports the graph
+once more, from ``exported.program.module()`` with the narrowed dims: a new
+program with its own shape environment, which the lowering may change at will
+while the ``Exported`` stays as it was. In-place input writes (a static cache)
+become trailing outputs first (``with_updates_as_outputs``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+import torch
+from toolz import curry
+from torch.utils import _pytree as pytree
+
+from hfx._compose import per_component
+from hfx._errors import InputError, LoweringError, describe
+from hfx._io import call
+from hfx._records import Capture, DynamicShapes, Exported, IoSpec
+from hfx.backends._common import as_exported, for_runtime, require, spec_caches
+from hfx.patches import swap_attr
+
+RUNTIME = "pte"
+
+# Upper bounds a dim gets when ``max_sizes`` does not name it; any other dim gets
+# min(its export bound, DEFAULT_MAX_SIZE). The runtime allocates the memory planned
+# for them at load, and attention makes that grow as batch * sequence**2: the tiny
+# zoo Llama plans 58 MiB at (4, 512) but 454 MiB at (8, 1024) (docs/runtimes/executorch.md).
+DEFAULT_MAX_SIZES: Mapping[str, int] = MappingProxyType({"batch": 4})
+DEFAULT_MAX_SIZE = 512
+
+_METHOD = "forward"
+
+# Logger namespaces whose records a lowering keeps for its error message instead of printing them.
+_QUIET_LOGGERS = ("torch", "torchao", "executorch")
+
+# Lines the native runtime writes to stderr on a successful load (XNNPACK's CPU probe, once per process).
+_NATIVE_NOISE = re.compile(r"^\[cpuinfo_utils\.cpp:\d+\]")
+
+# executorch/runtime/core/error.h
+_ERROR_NAMES = MappingProxyType(
+    {
+        0x01: "Internal", 0x02: "InvalidState", 0x10: "NotSupported", 0x11: "NotImplemented",
+        0x12: "InvalidArgument", 0x13: "InvalidType", 0x14: "OperatorMissing", 0x20: "NotFound",
+        0x21: "MemoryAllocationFailed", 0x22: "AccessFailed", 0x23: "InvalidProgram",
+        0x24: "InvalidExternalData", 0x25: "OutOfResources", 0x30: "DelegateInvalidCompatibility",
+        0x31: "DelegateMemoryAllocationFailed", 0x32: "DelegateInvalidHandle",
+    }
+)
+
+# The part of hfx._io's bounds error that names the dim and the size asked for.
+_BEYOND_BOUND = re.compile(r"\((\w+)\) is (\d+), outside the program's bounds")
+
+_FD2_LOCK = threading.Lock()
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class PteProgram:
+    """An ExecuTorch program (XNNPACK-delegated), its calling contract and a loaded runtime method.
+
+    ``buffer`` is the ``.pte`` flatbuffer. ``io.bounds`` holds the bounds its
+    memory was planned for: calling the program with a larger dim raises
+    ``InputError`` naming the dim. Calling it checks the keyword arguments
+    against ``io``, runs the ``forward`` method and returns the eager model's
+    output structure. Do not call one program from several threads at once:
+    ExecuTorch methods reuse one memory arena.
+    """
+
+    buffer: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    io: IoSpec
+    name: str = "model"
+    _program: Any = attrs.field(
+        init=False, repr=False, default=attrs.Factory(lambda s: _load_program(s.buffer, s.name), takes_self=True)
+    )
+    _method: Any = attrs.field(
+        init=False, repr=False, default=attrs.Factory(lambda s: _load_method(s._program, s.name), takes_self=True)
+    )
+
+    @property
+    def max_sizes(self) -> Mapping[str, int | None]:
+        """The largest size each dynamic dim may take, as planned (``{"batch": 4, "sequence": 256}``)."""
+        return MappingProxyType({name: hi for name, (_, hi) in self.io.bounds.items()})
+
+    @property
+    def planned_bytes(self) -> int:
+        """Bytes of the arenas the runtime allocates when it loads the program (activations, inputs, outputs)."""
+        with _quietly():
+            from executorch.exir._serialize._program import deserialize_pte_binary
+
+            plans = deserialize_pte_binary(self.buffer).program.execution_plan
+        return sum(sum(plan.non_const_buffer_sizes) for plan in plans)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        """Run the program on ``kwargs`` (checked against ``io``); return the eager model's output structure."""
+        try:
+            return call(self.io, self._run, kwargs, program=f"PteProgram({self.name})")
+        except InputError as exc:
+            beyond = _BEYOND_BOUND.search(str(exc))
+            limit = self.max_sizes.get(beyond.group(1)) if beyond else None
+            if limit is not None and int(beyond.group(2)) > limit:
+                dim, size = beyond.groups()
+                exc.add_note(
+                    f"This .pte was memory-planned for {dim} <= {limit}. Lower again with "
+                    f"lower_to_pte(exported, max_sizes={{{dim!r}: {size}}}) (up to the export's own bound)."
+                )
+            raise
+
+    def _run(self, flat: list[torch.Tensor]) -> list[Any]:
+        try:
+            return list(self._method.execute(flat))
+        except RuntimeError as exc:
+            msg = (
+                f"PteProgram({self.name}): the ExecuTorch runtime failed: {_explain(exc)}. "
+                "Its own log (on stderr, above) names the operator."
+            )
+            raise LoweringError(msg) from exc
+
+
+@curry
+@per_component
+def lower_to_pte(exported: Exported | Capture, /, *, max_sizes: Mapping[str, int] | None = None) -> PteProgram:
+    """Lower ``exported`` to an ExecuTorch program delegated to XNNPACK, planned for bounded dims.
+
+    ExecuTorch plans memory at each dynamic dim's upper bound, so every dim gets
+    a finite one: ``max_sizes[name]``, else ``DEFAULT_MAX_SIZES[name]`` (batch 4),
+    else ``min(export bound, DEFAULT_MAX_SIZE)`` (512), never above the export's
+    own bound. The program records them in ``io.bounds``; a larger input raises
+    ``InputError``. The ``Exported`` is not changed. ExecuTorch's log records,
+    prints and warnings are kept for the error message, not printed.
+
+    Args:
+        exported: an ``Exported`` (a ``Capture`` is exported first), or ``Components`` of them.
+        max_sizes: ``{dim name: largest size}`` for the program's dynamic dims
+            (``{"batch": 4, "sequence": 512}``). Per-component values: ``hfx.by_component``.
+
+    Returns:
+        A ``PteProgram`` callable like the model (``Components`` of them for ``Components``).
+
+    Raises:
+        ImportError: executorch is missing (install ``hfx[executorch]``).
+        ValueError: ``max_sizes`` names a dim the program does not have, or asks for more than
+            the export allows (or less than its lower bound).
+        TypeError: ``exported`` is neither ``Exported`` nor ``Capture``.
+        LoweringError: torch.export, ExecuTorch or its runtime failed; names the component and model.
+
+    Example:
+        >>> import torch, hfx
+        >>> lin = hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4))
+        >>> program = lower_to_pte(lin, max_sizes={"batch": 16})
+        >>> program(input=torch.ones(5, 3)).shape, dict(program.max_sizes)
+        (torch.Size([5, 4]), {'batch': 16})
+    """
+    require("executorch", extra="executorch")
+    exported = as_exported(exported, stage="lower_to_pte")
+    bounds = pte_bounds(exported, max_sizes=max_sizes)
+    with _quietly() as log:
+        exported = for_runtime(exported)  # an ExecuTorch program cannot write its inputs or run asserts
+        with spec_caches(exported):
+            buffer, kept = _to_pte(exported, bounds, log)
+    io_spec = attrs.evolve(exported.io, bounds={**exported.io.bounds, **kept})
+    try:
+        return PteProgram(buffer=buffer, io=io_spec, name=exported.name)
+    except LoweringError as exc:
+        what = f"the program was built, but the ExecuTorch runtime refused it: {_first_line(exc)}."
+        todo = "The runtime's output below names the operator or delegate; replace it with a patch at export."
+        raise _lowering_error(exported, what, todo, str(exc)) from exc
+
+
+def pte_bounds(
+    exported: Exported, /, *, max_sizes: Mapping[str, int] | None = None
+) -> dict[str, tuple[int, int]]:
+    """The ``(min, max)`` each dynamic dim of ``exported`` gets in a ``.pte`` (see ``lower_to_pte``).
+
+    Raises:
+        ValueError: ``max_sizes`` names an unknown dim, or a size outside the export's bounds.
+
+    Example:
+        >>> import torch, hfx
+        >>> ex = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4)))
+        >>> pte_bounds(ex), pte_bounds(ex, max_sizes={"batch": 64})
+        ({'batch': (1, 4)}, {'batch': (1, 64)})
+    """
+    export_bounds = {**exported.dynamic_shapes.bounds, **exported.io.bounds}
+    names = [n for n in exported.dynamic_shapes.names if n in export_bounds]
+    asked = dict(max_sizes or {})
+    unknown = sorted(set(asked) - set(names))
+    if unknown:
+        msg = (
+            f"lower_to_pte: max_sizes names dim(s) {unknown} that {exported.name!r} does not have; "
+            f"its dynamic dims are {names}. Give each component its own with hfx.by_component."
+        )
+        raise ValueError(msg)
+    bounds = {}
+    for name in names:
+        lo, hi = export_bounds[name]
+        if name in asked:
+            size = asked[name]
+            if not isinstance(size, int) or isinstance(size, bool) or size < max(lo, 1):
+                msg = (
+                    f"lower_to_pte: max_sizes[{name!r}] must be an int >= {max(lo, 1)} "
+                    f"(the export's lower bound), got {size!r}"
+                )
+                raise ValueError(msg)
+            if hi is not None and size > hi:
+                msg = (
+                    f"lower_to_pte: max_sizes[{name!r}] = {size} is above the export's bound for {name!r}, "
+                    f"{hi}. Export again with bounds={{{name!r}: ({lo}, {size})}} to allow it."
+                )
+                raise ValueError(msg)
+        else:
+            default = DEFAULT_MAX_SIZES.get(name, DEFAULT_MAX_SIZE)
+            size = max(lo, min(default, hi if hi is not None else default))
+        bounds[name] = (lo, size)
+    return bounds
+
+
+def _to_pte(
+    exported: Exported, bounds: Mapping[str, tuple[int, int]], log: io.StringIO
+) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """Export the graph again with ``bounds``, lower it to XNNPACK and serialise it; also return the bounds kept."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    try:
+        program, kept = _bounded(exported, bounds)
+    except Exception as exc:
+        what = f"torch.export could not trace the graph again with the bounds {dict(bounds)}: {_root_cause(exc)}."
+        todo = "Lower with other max_sizes; the error names the dim torch.export disagrees with."
+        raise _lowering_error(exported, what, todo, log.getvalue()) from exc
+    try:
+        with patch_edge_verifier_sym_functions():
+            edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+            return edge.to_executorch().buffer, kept
+    except Exception as exc:
+        what = f"ExecuTorch could not lower the program: {_root_cause(exc)}."
+        todo = (
+            "An operator without an ExecuTorch kernel or XNNPACK support can be replaced by a patch at "
+            "export (export(patches=...)); the log below names the pass that failed."
+        )
+        raise _lowering_error(exported, what, todo, log.getvalue()) from exc
+
+
+def _bounded(
+    exported: Exported, bounds: Mapping[str, tuple[int, int]]
+) -> tuple[torch.export.ExportedProgram, dict[str, tuple[int, int]]]:
+    """``exported``'s graph exported again by ``hfx.export`` with ``bounds``, and the bounds that program has.
+
+    A dim whose bounds meet becomes static. ``hfx.export`` applies torch's
+    suggested fixes and keeps unprovable guards as runtime asserts, as it did
+    for the model; a dim it narrows further keeps the narrower bound.
+    """
+    from hfx._export import export
+
+    program = exported.program
+    dynamic = {name: b for name, b in bounds.items() if b[0] != b[1]}
+    sizes = {name: _example_size(hint, *bounds[name]) for name, hint in _hints(exported).items() if name in bounds}
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    leaves = [
+        _example(spec.shape, placeholders[user].meta.get("val"), sizes)
+        for spec, user in zip(exported.io.inputs, program.graph_signature.user_inputs)
+    ]
+    _, kwargs = pytree.tree_unflatten(leaves, program.call_spec.in_spec)  # hfx graphs take keywords only
+    axes = {leaf: {a: d for a, d in per_axis.items() if d in dynamic} for leaf, per_axis in exported.dynamic_shapes.axes.items()}
+    module = program.module()
+    again = export(
+        Capture(module=module, source=module, kwargs=kwargs, dynamic_shapes=DynamicShapes(axes=axes, bounds=dynamic),
+                is_flat=True, name=exported.name),
+        patches=(),
+    )
+    fixed = sorted(set(dynamic) - set(again.dynamic_shapes.names))
+    if fixed:
+        msg = f"torch.export made dim(s) {fixed} static in this graph; the program cannot take other sizes"
+        raise ValueError(msg)
+    kept = {}
+    for name, (lo, hi) in bounds.items():
+        narrower = again.dynamic_shapes.bounds.get(name, (lo, hi))[1]
+        kept[name] = (lo, min(hi, narrower if narrower is not None else hi))
+    return again.program, kept
+
+
+@contextlib.contextmanager
+def patch_edge_verifier_sym_functions() -> Iterator[None]:
+    """Let ExecuTorch's edge verifier accept the Python sym functions (``torch.sym_min``) of runtime asserts.
+
+    An export that keeps guard-unprovable guards as runtime asserts (a decode
+    step's cache contiguity check, ``Min(16*p + 16, 32*p + 32) == 16*p + 16``)
+    has ``torch.sym_min`` nodes feeding ``_assert_scalar``. Every decomposition
+    re-inserts them, and executorch 1.5.1's edge verifier fails on any plain
+    Python function: "assert op.__name__ in ('alloc',)" (exir/verification/verifier.py).
+    ExecuTorch itself maps these functions to ``executorch_prim`` ops
+    (``EdgeToBackendOpsPass``) and drops the asserts (``RemoveGraphAssertsPass``),
+    but only in ``to_executorch``, after the verifier has run. This adds the
+    functions that pass maps to the verifier's allowlist for the lowering only.
+    Delete when the verifier accepts them (no upstream issue found for 1.5.1; the
+    Transformers exporter carries the same workaround, ``_extend_sym_ops_allowlist``).
+    """
+    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
+    from executorch.exir.verification import verifier
+
+    allowed = {*vars(verifier)["_EXECUTORCH_SYM_OPS"], *_PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS}
+    with swap_attr(verifier, "_EXECUTORCH_SYM_OPS", allowed):
+        yield
+
+
+def _hints(exported: Exported) -> dict[str, int]:
+    """The trace size of each named dim, read off the user-input placeholders."""
+    program = exported.program
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    hints: dict[str, int] = {}
+    for spec, user in zip(exported.io.inputs, program.graph_signature.user_inputs):
+        val = placeholders[user].meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        for want, size in zip(spec.shape, val.shape):
+            if isinstance(want, str) and isinstance(size, torch.SymInt) and size.node.hint is not None:
+                hints.setdefault(want, int(size.node.hint))
+    return hints
+
+
+def _example_size(hint: int, lo: int, hi: int) -> int:
+    # torch.export specialises a dim traced at size 0 or 1, so a dynamic dim is traced at >= 2.
+    return lo if lo == hi else min(max(hint, lo, 2), hi)
+
+
+def _example(shape: tuple[int | str, ...], val: Any, sizes: Mapping[str, int]) -> Any:
+    """A zero tensor like the placeholder ``val``, each named dim at ``sizes[name]`` (tracing reads only shapes)."""
+    if not isinstance(val, torch.Tensor):
+        return val
+    dims = [sizes.get(want, _concrete(size)) if isinstance(want, str) else _concrete(size)
+            for want, size in zip(shape, val.shape)]
+    return torch.zeros(dims, dtype=val.dtype)
+
+
+def _concrete(size: int | torch.SymInt) -> int:
+    return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
+
+
+def _load_program(buffer: bytes, name: str) -> Any:
+    """The runtime ``Program`` of ``buffer``; the native loader's stderr is kept for the error message."""
+    with _quietly():  # the first import of executorch imports torchao, which logs warnings
+        from executorch.runtime import Runtime
+
+    with _native_stderr() as native:
+        try:
+            return Runtime.get().load_program(buffer)
+        except Exception as exc:
+            msg = f"PteProgram({name}): the ExecuTorch runtime could not load the program: {_explain(exc)}"
+            raise LoweringError(_with_log(msg, native.getvalue())) from exc
+
+
+def _load_method(program: Any, name: str) -> Any:
+    """The loaded ``forward`` method of ``program`` (XNNPACK initialises here, and probes the CPU once)."""
+    with _native_stderr() as native:
+        try:
+            return program.load_method(_METHOD)
+        except Exception as exc:
+            msg = f"PteProgram({name}): the ExecuTorch runtime could not load method {_METHOD!r}: {_explain(exc)}"
+            raise LoweringError(_with_log(msg, native.getvalue())) from exc
+
+
+@contextlib.contextmanager
+def _quietly() -> Iterator[io.StringIO]:
+    """Collect prints, warnings and torch/ExecuTorch log records into a buffer while the block runs.
+
+    Logger handlers and ``sys.stdout``/``sys.stderr`` are swapped and put back on
+    exit, so this is process-global while active, like every hfx patch: do not
+    lower in threads.
+    """
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    with contextlib.ExitStack() as stack:
+        for logger in _loggers(_QUIET_LOGGERS):
+            stack.enter_context(swap_attr(logger, "handlers", [handler]))
+            stack.enter_context(swap_attr(logger, "propagate", False))
+        stack.enter_context(contextlib.redirect_stdout(buffer))
+        stack.enter_context(contextlib.redirect_stderr(buffer))
+        caught = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        try:
+            yield buffer
+        finally:
+            buffer.writelines(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught)
+
+
+def _loggers(namespaces: tuple[str, ...]) -> list[logging.Logger]:
+    """The top logger of each namespace and every existing logger under it that has its own handlers."""
+    existing = [
+        logger
+        for name, logger in list(logging.root.manager.loggerDict.items())
+        if isinstance(logger, logging.Logger) and logger.handlers and name.split(".")[0] in namespaces
+    ]
+    return list({id(lg): lg for lg in [*map(logging.getLogger, namespaces), *existing]}.values())
+
+
+@contextlib.contextmanager
+def _native_stderr() -> Iterator[io.StringIO]:
+    """Collect what native code writes to file descriptor 2 while the block runs.
+
+    ExecuTorch's runtime logs with ``fprintf(stderr)`` (XNNPACK's cpuinfo probe
+    prints five lines on the first load in a process), which ``sys.stderr``
+    cannot intercept. On exit every line except that probe is written back to
+    ``sys.stderr``; the block's caller may also put the text in an error. fd 2 is
+    process-wide: another thread's stderr output in the block is delayed, not lost.
+    """
+    buffer = io.StringIO()
+    with _FD2_LOCK, tempfile.TemporaryFile() as sink:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no fd 2 or no sys.stderr (a GUI process)
+            yield buffer
+            return
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield buffer
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            buffer.write(sink.read().decode(errors="replace"))
+    kept = [line for line in buffer.getvalue().splitlines(keepends=True) if not _NATIVE_NOISE.match(line)]
+    if kept and sys.stderr is not None:
+        sys.stderr.write("".join(kept))
+
+
+def _explain(exc: BaseException) -> str:
+    """The runtime's message with its error code named (``0x12`` -> ``0x12 InvalidArgument``)."""
+    text = _first_line(exc)
+    match = re.search(r"0x:?([0-9a-fA-F]+)", text)
+    if match and int(match.group(1), 16) in _ERROR_NAMES:
+        text = text.replace(match.group(0), f"{match.group(0)} ({_ERROR_NAMES[int(match.group(1), 16)]})", 1)
+    return text
+
+
+def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> LoweringError:
+    message = describe("lower_to_pte", exported.source_class or "model", exported.name, what, todo)
+    return LoweringError(_with_log(message, log))
+
+
+def _with_log(message: str, log: str) -> str:
+    tail = "\n".join(log.strip().splitlines()[-40:])
+    return f"{message}\nExecuTorch output:\n{tail}" if tail else message
+
+
+def _root_cause(exc: BaseException) -> str:
+    """``Type: first line`` of the innermost cause."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def save_files(program: PteProgram, directory: Path) -> dict[str, Any]:
+    """Write ``<name>.pte`` into ``directory``; return the manifest entry (the bounds are in ``io``)."""
+    filename = f"{program.name}.pte"
+    (Path(directory) / filename).write_bytes(program.buffer)
+    return {"files": [filename]}
+
+
+def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> PteProgram:
+    """Load a program written by ``save_files`` (the whole ``.pte`` is read into memory)."""
+    require("executorch", extra="executorch")
+    return PteProgram(buffer=(Path(directory) / entry["files"][0]).read_bytes(), io=io, name=name)
