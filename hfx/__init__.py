@@ -37,6 +37,8 @@ from hfx.backends._executorch import PteProgram as PteProgram
 from hfx.backends._executorch import lower_to_pte as lower_to_pte
 from hfx.backends._onnx import OnnxProgram as OnnxProgram
 from hfx.backends._onnx import lower_to_onnx as lower_to_onnx
+from hfx.backends._openvino import OvProgram as OvProgram
+from hfx.backends._openvino import lower_to_ov as lower_to_ov
 from hfx.patches import with_patches as with_patches
 
 __version__ = "0.1.0"
@@ -53,6 +55,7 @@ __all__ = [
     "IoSpec",
     "LoweringError",
     "OnnxProgram",
+    "OvProgram",
     "PteProgram",
     "PatchError",
     "Report",
@@ -67,6 +70,7 @@ __all__ = [
     "infer_dynamic_shapes",
     "load",
     "lower_to_onnx",
+    "lower_to_ov",
     "lower_to_pte",
     "per_component",
     "save",

@@ -12,7 +12,11 @@ from hfx import zoo
 from tests.helpers import GENERATIVE_MODELS, NEW_TOKENS, eager_tokens
 
 # runtime -> (module that must be importable, the lowering's name in hfx)
-RUNTIMES = {"onnx": ("onnxruntime", "lower_to_onnx"), "pte": ("executorch", "lower_to_pte")}
+RUNTIMES = {
+    "onnx": ("onnxruntime", "lower_to_onnx"),
+    "pte": ("executorch", "lower_to_pte"),
+    "ov": ("openvino", "lower_to_ov"),
+}
 
 
 def _lowering(runtime: str):

@@ -1,0 +1,381 @@
+"""The OpenVINO runtime: an ``Exported`` converted to an ``openvino.Model`` and compiled for a device.
+
+``lower_to_ov`` decomposes a private copy of the exported program with the
+table ``openvino.convert_model`` uses, applies ``GRAPH_FIXES`` to that copy,
+converts it with OpenVINO's PyTorch frontend, gives the model the ``IoSpec``'s
+input and output names and input shapes, and compiles it with f32 inference
+precision. The ``OvProgram`` owns its weights: nothing in it aliases the eager
+model's parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+from toolz import curry
+
+from hfx._compose import per_component
+from hfx._errors import LoweringError, describe
+from hfx._io import call
+from hfx._records import Capture, Exported, IoSpec, TensorSpec
+from hfx.backends._common import as_exported, for_runtime, require, spec_caches
+
+RUNTIME = "openvino"
+
+# The CPU plugin picks bf16 inference on processors with AVX512-BF16 or AMX; hfx programs must match eager.
+COMPILE_OPTIONS: Mapping[str, str] = MappingProxyType({"INFERENCE_PRECISION_HINT": "f32"})
+
+
+@functools.cache
+def _core() -> Any:
+    """The process's one ``openvino.Core``, made on first use (never at import)."""
+    import openvino
+
+    return openvino.Core()
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class OvProgram:
+    """An OpenVINO model, its calling contract and the model compiled for ``device``.
+
+    ``model``'s inputs and outputs carry the names of ``io``. Calling the
+    program checks the keyword arguments against ``io``, runs one inference
+    request and returns the model's output structure with torch tensors. Each
+    call uses its own request, so a program can be called from several threads.
+    To compile for another device, ``attrs.evolve(program, device="GPU")``.
+    """
+
+    model: Any  # openvino.Model
+    io: IoSpec
+    name: str = "model"
+    device: str = "CPU"
+    source_class: str = ""
+    _compiled: Any = attrs.field(
+        init=False, repr=False, default=attrs.Factory(lambda self: _compile(self), takes_self=True)
+    )
+
+    def __call__(self, **kwargs: Any) -> Any:
+        """Run the compiled model on ``kwargs`` (checked against ``io``)."""
+        return call(self.io, self._run, kwargs, program=f"OvProgram({self.name})")
+
+    def _run(self, flat: list[Any]) -> list[Any]:
+        request = self._compiled.create_infer_request()
+        try:
+            request.infer([_to_ov(tensor) for tensor in flat], share_inputs=True, share_outputs=True)
+        except Exception as exc:  # OpenVINO's errors derive from Exception, not RuntimeError
+            what = f"OpenVINO failed while running the compiled model: {_gist(exc)}."
+            todo = "The inputs passed hfx's checks; please report this with the model and the input shapes."
+            model = self.source_class or "model"
+            raise LoweringError(describe(f"OvProgram({self.name})", model, self.name, what, todo)) from exc
+        # share_outputs: infer returns views of the request's memory; _to_torch makes the one copy.
+        return [_to_torch(request.get_output_tensor(index)) for index in range(len(self._compiled.outputs))]
+
+
+def _compile(program: OvProgram) -> Any:
+    """``program.model`` compiled for ``program.device`` with ``COMPILE_OPTIONS``."""
+    try:
+        return _core().compile_model(program.model, program.device, dict(COMPILE_OPTIONS))
+    except Exception as exc:  # OpenVINO's errors derive from Exception, not RuntimeError
+        what = f"OpenVINO could not compile the model for device {program.device!r}: {_gist(exc)}."
+        todo = f"Available devices: {_core().available_devices}."
+        model = program.source_class or "model"
+        raise LoweringError(describe("lower_to_ov", model, program.name, what, todo)) from exc
+
+
+@curry
+@per_component
+def lower_to_ov(exported: Exported | Capture, /, *, device: str = "CPU") -> OvProgram:
+    """Convert an exported program to an OpenVINO model and compile it for ``device``.
+
+    The model's inputs and outputs carry the ``IoSpec``'s names, its dynamic
+    axes are dynamic in OpenVINO with the export's bounds, and it computes in f32
+    (``COMPILE_OPTIONS``) so that it matches eager. The graph's runtime asserts
+    are dropped and inputs it writes in place (a static cache) become trailing
+    ``updated.*`` outputs that each call copies back (``for_runtime``).
+    ``exported`` is not changed: OpenVINO's decompositions run on a copy, and the
+    OpenVINO constants are copies of the weights. Python warnings raised during
+    conversion are kept from the caller and attached to the error if conversion fails.
+
+    Args:
+        exported: an ``Exported`` or a ``Capture`` (exported first), or ``Components`` of them.
+        device: the OpenVINO device to compile for (``"CPU"``, ``"GPU"``, ``"AUTO"`` …).
+
+    Returns:
+        An ``OvProgram``, callable like the model.
+
+    Raises:
+        ImportError: openvino is not installed (``pip install 'hfx[openvino]'``).
+        TypeError: ``exported`` is neither an ``Exported`` nor a ``Capture``, or ``device`` is not a string.
+        LoweringError: OpenVINO could not convert or compile the program.
+
+    Example:
+        >>> import torch, hfx
+        >>> ov = lower_to_ov(hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4))))
+        >>> ov(input=torch.ones(5, 3)).shape
+        torch.Size([5, 4])
+    """
+    require("openvino", extra="openvino")
+    if not isinstance(device, str):
+        msg = f"lower_to_ov: device must be an OpenVINO device name such as 'CPU', got {device!r}"
+        raise TypeError(msg)
+    exported = as_exported(exported, stage="lower_to_ov")
+    with _quiet() as caught, spec_caches(exported):
+        try:
+            exported = for_runtime(exported)  # asserts dropped; in-place writes (a static cache) become outputs
+            model = _convert(exported)
+        except Exception as exc:
+            raise _conversion_error(exported, exc, caught) from exc
+        return OvProgram(
+            model=model, io=exported.io, name=exported.name, device=device, source_class=exported.source_class
+        )
+
+
+def _conversion_error(exported: Exported, exc: BaseException, caught: list[warnings.WarningMessage]) -> LoweringError:
+    what = f"OpenVINO could not convert the exported program: {_gist(exc)}."
+    todo = (
+        "If an operation has no conversion rule, rewrite it with a patch (hfx.export(patches=...)) "
+        "and lower the new export."
+    )
+    error = LoweringError(describe("lower_to_ov", exported.source_class or "model", exported.name, what, todo))
+    # Deprecations are about torch's and OpenVINO's own code, not the model; other warnings may name the cause.
+    relevant = [w for w in caught if not issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    for message in dict.fromkeys(str(w.message) for w in relevant):
+        error.add_note(f"warning during conversion: {message}")
+    return error
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[list[warnings.WarningMessage]]:
+    """Record the Python warnings torch and OpenVINO raise during conversion instead of showing them.
+
+    ``warnings.catch_warnings`` is process-global while active, like every hfx patch: do not lower in threads.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+
+
+def _convert(exported: Exported) -> Any:
+    """The ``openvino.Model`` of ``exported``, with the IoSpec's port names and input shapes."""
+    import openvino
+    from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
+
+    # run_decompositions returns a new program and module() a new GraphModule; exported.program is not touched.
+    module = exported.program.run_decompositions(_decompositions()).module()
+    for fix in GRAPH_FIXES:
+        fix(module.graph)
+    module.recompile()
+    model = openvino.convert_model(TorchFXPythonDecoder(module, dynamic_shapes=True))
+    _own_constants(model)
+    _name_ports(model, exported.io)
+    model.reshape({port: _partial_shape(spec, exported.io) for port, spec in zip(model.inputs, exported.io.inputs)})
+    return model
+
+
+def _decompositions() -> Any:
+    """torch's default decompositions minus the ops OpenVINO converts whole, as ``convert_model`` builds them.
+
+    ``convert_model(ExportedProgram)`` builds the same table in
+    ``TorchFXPythonDecoder.from_exported_program`` (openvino 2026.4), but it logs a
+    warning with a traceback through the root logger, which also configures the
+    root logger, for each op torch 2.13 no longer decomposes (``upsample_*.vec``).
+    """
+    import torch
+    from openvino.frontend.pytorch.torchdynamo.export_decompositions import ops_to_not_decompose
+
+    table = torch.export.default_decompositions()
+    for op in ops_to_not_decompose():
+        table.pop(op, None)
+    return table
+
+
+def _separate_outputs(graph: Any) -> None:
+    """Give each graph output its own node when it repeats another output or returns an input as is.
+
+    OpenVINO's PyTorch frontend names a tensor after the output that returns it:
+    a tensor returned twice fails conversion ("Tensor name is not a number",
+    translate_session.cpp), and naming a returned input renames the input too.
+    ``x * 1`` (``x & x`` for bool) survives conversion as a node of its own.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    output = next(node for node in reversed(graph.nodes) if node.op == "output")
+    seen: set[Any] = set()
+    values = []
+    for value in output.args[0]:
+        if isinstance(value, torch.fx.Node) and (value in seen or value.op == "placeholder"):
+            is_bool = getattr(value.meta.get("val"), "dtype", None) == torch.bool
+            with graph.inserting_before(output):
+                if is_bool:
+                    value = graph.call_function(aten.logical_and.default, (value, value))
+                else:
+                    value = graph.call_function(aten.mul.Tensor, (value, 1))
+        seen.add(value)
+        values.append(value)
+    output.args = (type(output.args[0])(values),)
+
+
+def _negate_by_multiplying(graph: Any) -> None:
+    """Rewrite ``aten.neg(x)`` as ``x * -1`` so the in-memory model compiles like its saved form.
+
+    OpenVINO 2026.4 converts ``neg`` to ``x * convert(-1 as i32)``, which
+    ``convert_model`` marks as a dequantization (``dequantization_node``,
+    ``DisableConstantFolding``). The marks are not saved in the IR: in memory they
+    stop the CPU plugin's RoPE fusion (rotate_half) and a saved and read-back model
+    computes other (1e-7) numbers than the program that saved it. Delete when the
+    neg conversion no longer carries the marks (``program._compiled.get_runtime_model()``
+    lists ``RoPE`` nodes for Llama without this fix).
+    """
+    import torch
+
+    for node in [n for n in graph.nodes if n.target is torch.ops.aten.neg.default]:
+        with graph.inserting_before(node):
+            product = graph.call_function(torch.ops.aten.mul.Tensor, (node.args[0], -1))
+        product.meta.update(node.meta)
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+
+
+def _drop_empty_cat_operands(graph: Any) -> None:
+    """Drop the 1-D empty operands of ``aten.cat`` (a transformers cache layer's first update).
+
+    ``torch.cat`` skips a legacy empty ``f32[0]`` operand whatever the others'
+    rank; a prefill's ``DynamicLayer`` concatenates its empty initial keys that
+    way. OpenVINO 2026.4 fails on it ("Conversion is failed for: SequenceMark,
+    aten.cat.default"). Delete when OpenVINO converts such a cat.
+    """
+    import torch
+
+    for node in [n for n in graph.nodes if n.target is torch.ops.aten.cat.default]:
+        operands = list(node.args[0])
+        kept = [v for v in operands if not _is_legacy_empty(v)]
+        if not kept or len(kept) == len(operands):
+            continue
+        node.args = (kept, *node.args[1:])
+        for value in operands:
+            if value not in kept and not value.users:
+                graph.erase_node(value)
+
+
+def _is_legacy_empty(value: Any) -> bool:
+    """Whether ``value`` is a node of shape ``[0]``, which ``torch.cat`` skips."""
+    shape = getattr(getattr(value, "meta", {}).get("val"), "shape", None)
+    return shape is not None and len(shape) == 1 and isinstance(shape[0], int) and shape[0] == 0
+
+
+# Rewrites of the decomposed FX graph (a private copy) that OpenVINO's PyTorch frontend needs, in order.
+# _separate_outputs comes last: the others may leave an output that is another output or an input.
+GRAPH_FIXES: tuple[Callable[[Any], None], ...] = (
+    _drop_empty_cat_operands,
+    _negate_by_multiplying,
+    _separate_outputs,
+)
+
+
+def _own_constants(model: Any) -> None:
+    """Replace every constant with a copy that owns its memory.
+
+    The frontend makes constants that share memory with the torch tensors
+    (``shared_memory=True``), and the compiled CPU model reads them in place:
+    without the copy, training the eager model after lowering changes the
+    OpenVINO program's outputs.
+    """
+    from openvino import op
+
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "Constant":
+            continue
+        copy = op.Constant(node.get_tensor_view(), shared_memory=False)
+        copy.set_friendly_name(node.get_friendly_name())
+        for key, value in node.get_rt_info().items():
+            copy.set_rt_info(value, key)
+        node.output(0).replace(copy.output(0))
+
+
+def _name_ports(model: Any, io: IoSpec) -> None:
+    """Name the model's inputs and outputs after ``io`` (``logits``, not ``linear_14:0``)."""
+    if len(model.inputs) != len(io.inputs) or len(model.outputs) != len(io.outputs):
+        msg = (
+            f"the converted model has {len(model.inputs)} inputs and {len(model.outputs)} outputs, "
+            f"the exported program {len(io.inputs)} and {len(io.outputs)}"
+        )
+        raise ValueError(msg)
+    for port, name in zip(model.inputs, io.input_names):
+        port.get_tensor().set_names({name})
+    for port, name in zip(model.outputs, io.output_names):  # export names outputs apart from inputs (present.*)
+        port.get_tensor().set_names({name})
+
+
+def _partial_shape(spec: TensorSpec, io: IoSpec) -> Any:
+    """``spec``'s shape for OpenVINO: static sizes, and each named dim bounded by ``io.bounds``."""
+    import openvino
+
+    dims = []
+    for size in spec.shape:
+        if isinstance(size, int):
+            dims.append(openvino.Dimension(size))
+        elif size in io.bounds:
+            lower, upper = io.bounds[size]
+            dims.append(openvino.Dimension(lower, -1 if upper is None else upper))
+        else:
+            dims.append(openvino.Dimension())
+    return openvino.PartialShape(dims)
+
+
+def _to_ov(tensor: Any) -> Any:
+    """A contiguous CPU torch tensor as what ``infer`` takes (numpy cannot hold bf16)."""
+    import torch
+
+    if tensor.dtype != torch.bfloat16:
+        return tensor.numpy()
+    import openvino
+
+    return openvino.Tensor(tensor.view(torch.float16).numpy(), list(tensor.shape), openvino.Type.bf16)
+
+
+def _to_torch(tensor: Any) -> Any:
+    """An OpenVINO output tensor as a torch tensor that owns its memory."""
+    import numpy as np
+    import openvino
+    import torch
+
+    if tensor.get_element_type() == openvino.Type.bf16:
+        return torch.from_numpy(np.array(tensor.data).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(tensor.data))
+
+
+def _gist(exc: BaseException) -> str:
+    """The cause in ``exc``'s message: the frontend's summary of failed ops, else the last line."""
+    text = str(exc).strip()
+    if "Summary:" in text:
+        return "; ".join(line.strip().lstrip("- ") for line in text.split("Summary:")[-1].splitlines() if line.strip())
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def save_files(program: OvProgram, directory: Path) -> dict[str, Any]:
+    """Write ``openvino_<name>.xml`` and ``.bin`` (f32 weights, no fp16 compression); return the manifest entry."""
+    import openvino
+
+    xml = f"openvino_{program.name}.xml"
+    openvino.save_model(program.model, directory / xml, compress_to_fp16=False)
+    files = [xml, xml.removesuffix(".xml") + ".bin"]
+    return {"files": files, "device": program.device, "source_class": program.source_class}
+
+
+def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> OvProgram:
+    """Read a model written by ``save_files`` and compile it for the device it was saved with."""
+    require("openvino", extra="openvino")
+    model = _core().read_model(directory / entry["files"][0])
+    return OvProgram(
+        model=model, io=io, name=name, device=entry.get("device", "CPU"), source_class=entry.get("source_class", "")
+    )
+
