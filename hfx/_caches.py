@@ -88,11 +88,22 @@ class _Context:
         return repr((self.children, self.static))
 
 
+def _copied(value: Any) -> Any:
+    """``value`` with its dicts and lists copied, so a node and its context share no mutable container."""
+    # A traced forward writes into an SSM cache layer's ``has_previous_state`` / ``conv_states`` dicts;
+    # shared with the context, the write would leak into the caller's cache and into the treespec.
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    return value
+
+
 def _flatten(classes: frozenset[type], obj: Any) -> tuple[list[Any], Any]:
     state = vars(obj)
     children = tuple(k for k, v in state.items() if _holds_nodes(v, classes))
     batch = tuple(k for k in state if k in _BATCH_ATTRIBUTES and k not in children)
-    static = tuple((k, v) for k, v in state.items() if k not in children and k not in batch)
+    static = tuple((k, _copied(v)) for k, v in state.items() if k not in children and k not in batch)
     return [state[k] for k in children], _Context(children, static, batch)
 
 
@@ -104,7 +115,7 @@ def _flatten_with_keys(classes: frozenset[type], obj: Any) -> tuple[list[tuple[A
 def _unflatten(cls: type, values: Iterable[Any], context: _Context) -> Any:
     obj = cls.__new__(cls)
     values = list(values)
-    vars(obj).update(context.static)
+    vars(obj).update((k, _copied(v)) for k, v in context.static)
     vars(obj).update(zip(context.children, values))
     if context.batch:
         first = next((t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor) and t.ndim), None)

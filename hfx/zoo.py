@@ -130,6 +130,32 @@ def _llava() -> Any:
                        vision_feature_layer=-1, vision_feature_select_strategy="default")
 
 
+def _mamba() -> Any:
+    from transformers import MambaConfig
+
+    # A large init std keeps a random Mamba from repeating one token, so generation tests mean something.
+    return MambaConfig(vocab_size=256, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
+                       initializer_range=0.5)
+
+
+def _mamba2() -> Any:
+    from transformers import Mamba2Config
+
+    # chunk_size=8: prompts of a few tokens already span several chunks of the chunked scan.
+    return Mamba2Config(vocab_size=256, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
+                        num_heads=4, head_dim=16, n_groups=1, chunk_size=8, initializer_range=0.5)
+
+
+def _bamba() -> Any:
+    from transformers import BambaConfig
+
+    # One Mamba 2 layer, then one attention layer: a hybrid cache of conv/recurrent states and keys/values.
+    return BambaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16,
+                       mamba_n_groups=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8,
+                       max_position_embeddings=256, initializer_range=0.5)
+
+
 ENTRIES: Mapping[str, ZooEntry] = MappingProxyType(
     {
         entry.name: entry
@@ -143,6 +169,9 @@ ENTRIES: Mapping[str, ZooEntry] = MappingProxyType(
                      inputs=_audio_features),
             ZooEntry(name="llava", family="vision-language", auto_class="AutoModelForImageTextToText", config=_llava,
                      inputs=_llava_inputs),
+            ZooEntry(name="mamba", family="decoder", auto_class="AutoModelForCausalLM", config=_mamba, inputs=_token_inputs),
+            ZooEntry(name="mamba2", family="decoder", auto_class="AutoModelForCausalLM", config=_mamba2, inputs=_token_inputs),
+            ZooEntry(name="bamba", family="decoder", auto_class="AutoModelForCausalLM", config=_bamba, inputs=_token_inputs),
         )
     }
 )

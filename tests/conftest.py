@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -11,6 +12,10 @@ import hfx
 from hfx import zoo
 
 from tests.helpers import CAPTURE_SHAPE
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores: one thread each, so they do not fight over the cores.
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

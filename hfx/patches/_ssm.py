@@ -1,0 +1,232 @@
+"""Patches that let state-space models (Mamba and the hybrids built on its layers) export with dynamic shapes.
+
+transformers' SSM code decides things in Python from the prompt length:
+whether the conv state needs left padding, how many times to step Mamba's
+selective scan, and how much to pad Mamba 2's chunked scan. ``torch.export``
+turns these into guards on ``sequence`` (``sequence >= conv_kernel``,
+``sequence == <traced length>``, ``sequence <= chunk_size``), and the export
+then makes the axis static. These patches give the same computation a form
+whose shapes do not depend on Python decisions. All are process-global while
+active: do not run exports concurrently in threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from hfx.patches._core import Patch, swap_attr
+
+
+def _prepadded_update_conv_state(original: Any) -> Any:
+    """Wrap ``LinearAttentionLayer.update_conv_state`` so a prefill's conv input starts with ``kernel`` zeros."""
+
+    @functools.wraps(original)
+    def update_conv_state(self, conv_states, state_idx=0, conv_kernel_size=None, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        kernel = conv_kernel_size if conv_kernel_size is not None else self.conv_kernel_size.get(state_idx)
+        if kernel is not None and not self.has_previous_state[state_idx] and not self.record_past:
+            # ``length + kernel >= kernel`` for every length, so the original's ``length < kernel`` test is
+            # statically false and leaves no guard; it caches the last ``kernel`` positions, zero-padded on
+            # the left exactly as it pads a short prompt.
+            conv_states = F.pad(conv_states, (kernel, 0))
+        return original(self, conv_states, state_idx, conv_kernel_size=conv_kernel_size, **kwargs)
+
+    update_conv_state.__wrapped__ = original
+    return update_conv_state
+
+
+@contextlib.contextmanager
+def patch_linear_attention_conv_state() -> Iterator[None]:
+    """Make the prefill's conv-state update of SSM / linear-attention cache layers traceable for any prompt length.
+
+    ``LinearAttentionLayer.update_conv_state`` (transformers 5.x,
+    ``cache_utils.py``, ``if ... full_conv_states.shape[-1] < self.conv_kernel_size[...]``)
+    pads a prompt shorter than the conv kernel in a Python branch, which
+    ``torch.export`` records as a ``sequence >= conv_kernel`` guard. The patch
+    puts ``kernel`` zeros in front of every prefill first (``F.pad(x, (K, 0))``;
+    a ``max(K - length, 0)`` pad leaves guards of its own), so the layer caches
+    exactly the state it caches unpatched; the states it returns carry those
+    zeros in front, and every caller in transformers 5.23 runs a causal conv
+    over them and keeps the last ``length`` outputs, which are the same. Used by Mamba, Mamba 2,
+    Jamba, Bamba, FalconH1, Zamba, NemotronH, LFM2, Qwen3-Next and every model
+    whose cache layers derive from ``LinearAttentionLayer``. Delete when
+    transformers writes that padding without a data-dependent branch. A no-op
+    on transformers versions without ``LinearAttentionLayer``.
+    """
+    from transformers import cache_utils
+
+    layer = getattr(cache_utils, "LinearAttentionLayer", None)
+    if layer is None or "update_conv_state" not in vars(layer):
+        yield
+        return
+    with swap_attr(layer, "update_conv_state", _prepadded_update_conv_state(vars(layer)["update_conv_state"])):
+        yield
+
+
+def scanned_selective_scan(
+    hidden_states: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,  # noqa: N803 - transformers' names
+    B: torch.Tensor,  # noqa: N803
+    C: torch.Tensor,  # noqa: N803
+    D: torch.Tensor | None = None,  # noqa: N803
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    return_last_state: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """transformers' reference ``mamba_selective_scan``, with its per-token Python loop as one ``scan`` op.
+
+    Same arguments, same arithmetic step by step (the results are bitwise equal
+    in eager torch); ``use_mambapy`` / ``use_associative_scan`` are ignored, as
+    the reference does while exporting without mambapy installed.
+
+    Example:
+        >>> b, d, n, length = 1, 2, 3, 4
+        >>> out = scanned_selective_scan(torch.ones(b, d, length), torch.ones(b, d, length), -torch.ones(d, n),
+        ...                              torch.ones(b, n, length), torch.ones(b, n, length))
+        >>> out.shape
+        torch.Size([1, 2, 4])
+    """
+    from torch._higher_order_ops.scan import scan
+
+    del kwargs
+    input_dtype = hidden_states.dtype
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(dt.dtype)[..., None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    B = B.transpose(1, 2)  # noqa: N806
+    C = C.transpose(1, 2)  # noqa: N806
+    discrete_A = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # noqa: N806
+    discrete_B = dt[:, :, :, None] * B[:, None, :, :].float()  # noqa: N806
+    deltaB_u = discrete_B * hidden_states[:, :, :, None].float()  # noqa: N806
+
+    def step(state: torch.Tensor, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        decay, update, c = xs
+        state = decay * state + update
+        return state, torch.matmul(state.to(input_dtype), c.unsqueeze(-1))[:, :, 0]
+
+    # The reference starts from zeros of the input dtype, promoted to float32 by the first step; the
+    # scan's carry keeps one dtype, so it starts from the promoted zeros (the same values).
+    dtype = torch.promote_types(torch.promote_types(discrete_A.dtype, input_dtype), deltaB_u.dtype)
+    batch, channels = hidden_states.shape[:2]
+    initial = torch.zeros(batch, channels, A.shape[-1], dtype=dtype, device=hidden_states.device)
+    last_state, outputs = scan(step, initial, (discrete_A.permute(2, 0, 1, 3), deltaB_u.permute(2, 0, 1, 3), C.transpose(0, 1)))
+    scan_output = outputs.permute(1, 2, 0)
+    if D is not None:
+        scan_output = scan_output + hidden_states * D[None, :, None]
+    if z is not None:
+        scan_output = scan_output * F.silu(z)
+    return (scan_output, last_state) if return_last_state else scan_output
+
+
+def _modules_defining(model: torch.nn.Module, name: str) -> list[ModuleType]:
+    """The Python modules of ``model``'s submodule classes that define a global ``name``, each once."""
+    found: dict[str, ModuleType] = {}
+    for module in model.modules():
+        source = sys.modules.get(type(module).__module__)
+        if source is not None and name in vars(source):
+            found.setdefault(source.__name__, source)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def patch_mamba_selective_scan(model: torch.nn.Module) -> Iterator[None]:
+    """Swap the per-token Python loop of Mamba's selective scan for a ``scan`` op, in ``model``'s modeling modules.
+
+    transformers' reference ``mamba_selective_scan`` (5.x, ``modeling_mamba.py``
+    ``for index in range(seq_len)``, copied into Jamba, FalconMamba and Zamba)
+    unrolls over the prompt, so ``torch.export`` specialises ``sequence`` to the
+    traced length (``Eq(sequence, 5)``). ``scanned_selective_scan`` computes the
+    same steps inside ``torch.ops.higher_order.scan``, which exports with a
+    dynamic length and lowers to ONNX ``Scan``. Delete when transformers' torch
+    path stops looping in Python while exporting (its ``associative_scan``
+    branch is disabled under ``torch.export``).
+    """
+    with contextlib.ExitStack() as stack:
+        for source in _modules_defining(model, "mamba_selective_scan"):
+            stack.enter_context(swap_attr(source, "mamba_selective_scan", scanned_selective_scan))
+        yield
+
+
+def _chunk_aligned(original: Any) -> Any:
+    """Wrap a ``mamba2_chunk_scan`` so it receives a whole number of chunks and never pads itself."""
+
+    @functools.wraps(original)
+    def mamba2_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,  # noqa: ANN001, N803, PLR0913
+                          dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        # The original's own steps, done first so that the padded time steps stay exactly 0 (no decay):
+        # the padding then holds the zeros the original pads with, and its ``pad_size`` is statically 0.
+        if dt_bias is not None:
+            dt = dt + dt_bias.to(dt.dtype)
+        if dt_softplus:
+            dt = F.softplus(dt)
+        dt = torch.clamp(dt, min=dt_limit[0], max=dt_limit[1])
+        # Whole chunks, at least two: ``ceil(length / chunk) + 1``, written as one floor division so the
+        # export can prove the padded length splits into them. A trace with one chunk would specialise to
+        # it (ops test ``chunks == 1``); the all-padding chunk adds only exact zeros.
+        length = hidden_states.shape[1]
+        pad = (length + 2 * chunk_size - 1) // chunk_size * chunk_size - length
+        hidden_states, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (hidden_states, B, C))  # noqa: N806
+        result = original(hidden_states, F.pad(dt, (0, 0, 0, pad)), A, B, C, chunk_size, D=D, dt_bias=None,
+                          initial_states=initial_states, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                          return_final_states=return_final_states, **kwargs)
+        # ``index_select``, not a slice: a slice's view is contiguous only when nothing was padded, and the
+        # caller's ``reshape`` would guard on that.
+        keep = torch.arange(length, device=hidden_states.device)
+        if return_final_states:
+            return result[0].index_select(1, keep), result[1]
+        return result.index_select(1, keep)
+
+    mamba2_chunk_scan.__wrapped__ = original
+    return mamba2_chunk_scan
+
+
+@contextlib.contextmanager
+def patch_mamba2_chunk_scan(model: torch.nn.Module) -> Iterator[None]:
+    """Give Mamba 2's chunked scan a prompt padded to whole chunks, in ``model``'s modeling modules.
+
+    transformers' torch ``mamba2_chunk_scan`` (5.x, ``modeling_mamba2.py``, copied
+    into Bamba, FalconH1, GraniteMoeHybrid, NemotronH and Zamba2) pads the prompt
+    by ``(chunk - length % chunk) % chunk``, reshapes with ``-1`` and tests
+    ``if pad_size > 0``: ``torch.export`` cannot prove the padded length divides
+    into chunks and guards on the number of chunks and on ``length % chunk``.
+    The wrapper applies the time-step bias, softplus and clamp as the original
+    does, pads to ``ceil(length / chunk) + 1`` whole chunks (a length the export
+    knows is a multiple, and never one chunk, which ops would specialise to),
+    and calls the original with the padded values it would have built (padded
+    steps have ``dt = 0``, so they do not decay the state). Outputs are bitwise
+    the original's; the final state can differ in the last bit (one more,
+    all-zero term in the inter-chunk sum). Delete when that padding is written
+    without a data-dependent branch upstream.
+    """
+    with contextlib.ExitStack() as stack:
+        for source in _modules_defining(model, "mamba2_chunk_scan"):
+            stack.enter_context(swap_attr(source, "mamba2_chunk_scan", _chunk_aligned(vars(source)["mamba2_chunk_scan"])))
+        yield
+
+
+def ssm_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
+    """Return the SSM patches for ``model``, ready for ``with_patches`` (no-ops for a model without SSM layers).
+
+    Args:
+        model: the model to export; the scan patches are bound to it.
+
+    Returns:
+        ``patch_linear_attention_conv_state``, then ``patch_mamba_selective_scan`` and ``patch_mamba2_chunk_scan`` bound to ``model``.
+
+    Example:
+        >>> [getattr(p, "func", p).__name__ for p in ssm_patches(torch.nn.Linear(1, 1))]
+        ['patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan']
+    """
+    bound = tuple(functools.partial(patch, model) for patch in (patch_mamba_selective_scan, patch_mamba2_chunk_scan))
+    return (patch_linear_attention_conv_state, *bound)

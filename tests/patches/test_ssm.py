@@ -1,0 +1,214 @@
+"""SSM patches: the same numbers as transformers' code, active inside, restored exactly afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from transformers import cache_utils
+from transformers.models.mamba import modeling_mamba
+from transformers.models.mamba2 import modeling_mamba2
+
+from hfx import PatchError, zoo
+from hfx.patches import (
+    patch_linear_attention_conv_state,
+    patch_mamba2_chunk_scan,
+    patch_mamba_selective_scan,
+    ssm_patches,
+    with_patches,
+)
+from hfx.patches._ssm import scanned_selective_scan
+
+KERNEL = 4
+
+
+@contextlib.contextmanager
+def _broken():
+    raise ValueError("cannot apply")
+    yield
+
+
+@pytest.fixture(scope="module")
+def mamba():
+    return zoo.build("mamba")
+
+
+@pytest.fixture(scope="module")
+def mamba2():
+    return zoo.build("mamba2")
+
+
+def _conv_update(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """What one prefill's ``update_conv_state`` returns and caches, for a ``length``-token input."""
+    layer = cache_utils.LinearAttentionLayer()
+    states = torch.randn(2, 3, length, generator=torch.Generator().manual_seed(seed))
+    returned = layer.update_conv_state(states, conv_kernel_size=KERNEL)
+    return returned, layer.conv_states[0].clone()
+
+
+def _causal_conv(states: torch.Tensor, length: int) -> torch.Tensor:
+    """The last ``length`` outputs of the causal conv every caller runs over the returned states."""
+    weight = torch.randn(3, KERNEL, generator=torch.Generator().manual_seed(1))
+    return modeling_mamba.causal_conv1d_fn(states, weight, None, activation="silu")[:, :, -length:]
+
+
+# patch_linear_attention_conv_state
+
+
+@pytest.mark.parametrize("length", [1, 3, 4, 7])
+def test_conv_state_active_inside_same_state_and_conv_output(length):
+    original = vars(cache_utils.LinearAttentionLayer)["update_conv_state"]
+    eager_returned, eager_cached = _conv_update(length)
+    with patch_linear_attention_conv_state():
+        assert vars(cache_utils.LinearAttentionLayer)["update_conv_state"].__wrapped__ is original
+        returned, cached = _conv_update(length)
+    assert returned.shape[-1] == length + KERNEL  # the new states behind ``kernel`` zeros, for every length
+    assert torch.equal(returned[..., :KERNEL], torch.zeros_like(returned[..., :KERNEL]))
+    assert torch.equal(cached, eager_cached)
+    assert torch.equal(_causal_conv(returned, length), _causal_conv(eager_returned, length))
+
+
+def test_conv_state_leaves_a_decode_step_alone():
+    layer = cache_utils.LinearAttentionLayer()
+    with patch_linear_attention_conv_state():
+        layer.update_conv_state(torch.ones(1, 3, 5), conv_kernel_size=KERNEL)
+        returned = layer.update_conv_state(torch.full((1, 3, 1), 2.0), conv_kernel_size=KERNEL)
+    assert returned.shape[-1] == KERNEL + 1  # the cached state, then the new token: as upstream
+
+
+def test_conv_state_restored_after_the_block():
+    original = vars(cache_utils.LinearAttentionLayer)["update_conv_state"]
+    with patch_linear_attention_conv_state():
+        pass
+    assert vars(cache_utils.LinearAttentionLayer)["update_conv_state"] is original
+
+
+def test_conv_state_restored_after_an_exception():
+    original = vars(cache_utils.LinearAttentionLayer)["update_conv_state"]
+    with pytest.raises(RuntimeError), patch_linear_attention_conv_state():
+        raise RuntimeError
+    assert vars(cache_utils.LinearAttentionLayer)["update_conv_state"] is original
+
+
+def test_conv_state_unwound_when_a_later_patch_fails():
+    original = vars(cache_utils.LinearAttentionLayer)["update_conv_state"]
+    with pytest.raises(PatchError, match="_broken failed to apply"), with_patches(patch_linear_attention_conv_state, _broken):
+        pass
+    assert vars(cache_utils.LinearAttentionLayer)["update_conv_state"] is original
+
+
+def test_conv_state_adds_nothing_to_the_subclasses():
+    subclasses = [cache_utils.LinearAttentionAndFullAttentionLayer, cache_utils.LinearAttentionAndStaticFullAttentionLayer]
+    with patch_linear_attention_conv_state():
+        assert all("update_conv_state" not in vars(cls) for cls in subclasses)
+    assert all("update_conv_state" not in vars(cls) for cls in subclasses)
+
+
+# patch_mamba_selective_scan
+
+
+def _selective_scan_inputs(length: int) -> tuple[tuple[torch.Tensor, ...], dict[str, object]]:
+    gen = torch.Generator().manual_seed(length)
+    batch, channels, state = 2, 6, 3
+    args = (torch.randn(batch, channels, length, generator=gen), torch.randn(batch, channels, length, generator=gen),
+            -torch.rand(channels, state, generator=gen), torch.randn(batch, state, length, generator=gen),
+            torch.randn(batch, state, length, generator=gen))
+    kwargs = {"D": torch.randn(channels, generator=gen), "z": torch.randn(batch, channels, length, generator=gen),
+              "delta_bias": torch.randn(channels, generator=gen), "delta_softplus": True, "return_last_state": True}
+    return args, kwargs
+
+
+@pytest.mark.parametrize("length", [1, 5, 9])
+def test_scanned_selective_scan_is_bitwise_the_reference(length):
+    args, kwargs = _selective_scan_inputs(length)
+    reference, reference_state = modeling_mamba.mamba_selective_scan(*args, **kwargs)
+    scanned, scanned_state = scanned_selective_scan(*args, **kwargs)
+    assert torch.equal(scanned, reference)
+    assert torch.equal(scanned_state, reference_state)
+
+
+def test_selective_scan_active_inside(mamba):
+    with patch_mamba_selective_scan(mamba):
+        assert modeling_mamba.mamba_selective_scan is scanned_selective_scan
+
+
+def test_selective_scan_touches_only_the_models_own_modules(mamba2):
+    original = vars(modeling_mamba)["mamba_selective_scan"]
+    with patch_mamba_selective_scan(mamba2), patch_mamba_selective_scan(torch.nn.Linear(1, 1)):
+        assert vars(modeling_mamba)["mamba_selective_scan"] is original
+        assert "mamba_selective_scan" not in vars(modeling_mamba2)
+
+
+# patch_mamba2_chunk_scan
+
+
+def _chunk_scan_inputs(length: int) -> tuple[tuple[torch.Tensor, ...], dict[str, object]]:
+    gen = torch.Generator().manual_seed(length)
+    batch, heads, head_dim, state = 2, 4, 16, 8
+    args = (torch.randn(batch, length, heads, head_dim, generator=gen), torch.randn(batch, length, heads, generator=gen),
+            -torch.rand(heads, generator=gen), torch.randn(batch, length, 1, state, generator=gen),
+            torch.randn(batch, length, 1, state, generator=gen))
+    kwargs = {"chunk_size": 8, "D": torch.randn(heads, generator=gen), "dt_bias": torch.randn(heads, generator=gen),
+              "initial_states": torch.randn(batch, heads, head_dim, state, generator=gen), "dt_softplus": True,
+              "dt_limit": (0.01, 0.5), "return_final_states": True}
+    return args, kwargs
+
+
+@pytest.mark.parametrize("length", [1, 7, 8, 9, 17])
+def test_chunk_scan_active_inside_same_output_and_state(mamba2, length):
+    args, kwargs = _chunk_scan_inputs(length)
+    reference, reference_state = modeling_mamba2.mamba2_chunk_scan(*args, **kwargs)
+    original = vars(modeling_mamba2)["mamba2_chunk_scan"]
+    with patch_mamba2_chunk_scan(mamba2):
+        assert modeling_mamba2.mamba2_chunk_scan.__wrapped__ is original
+        output, state = modeling_mamba2.mamba2_chunk_scan(*args, **kwargs)
+    assert torch.equal(output, reference)
+    # The extra all-zero chunk adds exact zeros to the inter-chunk sum, whose order may change by one ulp.
+    torch.testing.assert_close(state, reference_state, rtol=1e-6, atol=1e-6)
+
+
+# (patch, module it swaps in, attribute, fixture of a model it applies to)
+_MODULE_PATCHES = [
+    (patch_mamba_selective_scan, modeling_mamba, "mamba_selective_scan", "mamba"),
+    (patch_mamba2_chunk_scan, modeling_mamba2, "mamba2_chunk_scan", "mamba2"),
+]
+
+
+@pytest.mark.parametrize(("patch", "module", "name", "model"), _MODULE_PATCHES)
+def test_module_patch_restored_after_the_block(request, patch, module, name, model):
+    original = vars(module)[name]
+    with patch(request.getfixturevalue(model)):
+        pass
+    assert vars(module)[name] is original
+
+
+@pytest.mark.parametrize(("patch", "module", "name", "model"), _MODULE_PATCHES)
+def test_module_patch_restored_after_an_exception(request, patch, module, name, model):
+    original = vars(module)[name]
+    with pytest.raises(RuntimeError), patch(request.getfixturevalue(model)):
+        raise RuntimeError
+    assert vars(module)[name] is original
+
+
+@pytest.mark.parametrize(("patch", "module", "name", "model"), _MODULE_PATCHES)
+def test_module_patch_unwound_when_a_later_patch_fails(request, patch, module, name, model):
+    original = vars(module)[name]
+    target = request.getfixturevalue(model)
+    with pytest.raises(PatchError), with_patches(lambda: patch(target), _broken):
+        pass
+    assert vars(module)[name] is original
+
+
+def test_chunk_scan_touches_only_the_models_own_modules(mamba):
+    original = vars(modeling_mamba2)["mamba2_chunk_scan"]
+    with patch_mamba2_chunk_scan(mamba):
+        assert vars(modeling_mamba2)["mamba2_chunk_scan"] is original
+
+
+def test_ssm_patches_are_a_plain_tuple_of_zero_argument_patches(mamba):
+    patches = ssm_patches(mamba)
+    assert isinstance(patches, tuple) and len(patches) == 3
+    with with_patches(*patches):
+        assert modeling_mamba.mamba_selective_scan is scanned_selective_scan
+    assert vars(modeling_mamba)["mamba_selective_scan"] is not scanned_selective_scan
