@@ -249,7 +249,7 @@ def _decode_shapes(capture: Capture, *, multi_token: bool) -> DynamicShapes:
         if "past_sequence" in bounds:
             bounds["past_sequence"] = (0, bounds["past_sequence"][1])
         return DynamicShapes(axes=shapes.axes, bounds=bounds)
-    query = {"sequence", "decoder_sequence"} - {"sequence"} if "decoder_input_ids" in capture.kwargs else {"sequence"}
+    query = {"decoder_sequence"} if "decoder_input_ids" in capture.kwargs else {"sequence"}
     axes = {leaf: {a: d for a, d in per_axis.items() if d not in query} for leaf, per_axis in shapes.axes.items()}
     return DynamicShapes(axes=axes, bounds={d: b for d, b in shapes.bounds.items() if d not in query})
 

@@ -53,7 +53,6 @@ def test_a_one_token_prompt_still_gives_a_past_of_two(models):
 def test_encoder_decoder_gives_encoder_prefill_decode(models):
     parts = hfx.decompose(hfx.capture(zoo.inputs("t5"), zoo.build("t5")))
     assert list(parts) == ["encoder", "prefill", "decode"]
-    assert parts["encoder"].module is zoo.build("t5").get_encoder().__class__ or True
     assert type(parts["encoder"].module).__name__ == "T5Stack"
     cache = parts["decode"].kwargs["past_key_values"]
     assert cache.self_attention_cache.layers[0].keys.shape[2] >= 2  # past >= 2: no 0/1 specialisation
