@@ -75,3 +75,29 @@ def test_static_cache_updates_in_place(static_parts, runtime):
     with torch.no_grad():
         expected = model.generate(**inputs, max_new_tokens=16, do_sample=False, generation_config=config)
     assert torch.equal(hfx.generate(programs, **inputs, max_new_tokens=16), expected)
+
+
+# Measured with executorch 1.5.1 / openvino 2026.4.1: Mamba's selective scan exports as torch's higher-order
+# `scan`, which neither runtime lowers yet. The tests pin the reason; when a runtime learns `scan`, they fail.
+_SSM_LIMITS = {
+    "pte": r"lower_to_pte failed on component 'prefill'.*'SymInt' object has no attribute 'unsqueeze'",
+    "ov": r"lower_to_ov failed on component 'prefill'.*Conversion is failed for: .*scan",
+}
+
+
+@pytest.fixture(scope="module")
+def mamba_parts(models):
+    model = models("mamba")
+    return model, hfx.export(hfx.decompose(hfx.capture(zoo.inputs("mamba"), model)))
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_state_space_model_generates_the_eager_tokens_or_names_why_not(mamba_parts, runtime):
+    model, parts = mamba_parts
+    if runtime in _SSM_LIMITS:
+        with pytest.raises(hfx.ComponentError, match=_SSM_LIMITS[runtime]):
+            _lowering(runtime)(parts)
+        return
+    programs = _lowering(runtime)(parts)
+    inputs = zoo.inputs("mamba", batch=2, sequence=9)
+    assert torch.equal(hfx.generate(programs, **inputs, max_new_tokens=16), eager_tokens(model, inputs, 16))
