@@ -188,7 +188,7 @@ class Exported:
     the model's output structure. Lower it to any number of runtimes.
     """
 
-    program: Any  # torch.export.ExportedProgram
+    program: Any = attrs.field(repr=False)  # torch.export.ExportedProgram
     io: IoSpec
     dynamic_shapes: DynamicShapes
     name: str = "model"

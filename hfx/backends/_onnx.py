@@ -57,7 +57,7 @@ class OnnxProgram:
     ``io``, runs the CPU session and returns the model's output structure.
     """
 
-    model: Any  # onnx_ir.Model
+    model: Any = attrs.field(repr=False)  # onnx_ir.Model
     io: IoSpec
     name: str = "model"
     opset: int = MIN_OPSET

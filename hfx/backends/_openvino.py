@@ -52,7 +52,7 @@ class OvProgram:
     To compile for another device, ``attrs.evolve(program, device="GPU")``.
     """
 
-    model: Any  # openvino.Model
+    model: Any = attrs.field(repr=False)  # openvino.Model
     io: IoSpec
     name: str = "model"
     device: str = "CPU"
