@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import io
+import logging
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from hfx._records import Capture, Exported
@@ -162,6 +167,67 @@ def spec_arg(node: Any) -> Any:
     from torch.export.graph_signature import TensorArgument
 
     return TensorArgument(name=node.name)
+
+
+@contextlib.contextmanager
+def captured_output(buffer: io.StringIO, namespaces: tuple[str, ...]) -> Iterator[None]:
+    """Write prints, warnings and the log records of ``namespaces`` to ``buffer`` while the block runs.
+
+    The loggers' handlers are swapped and put back on exit, so this is
+    process-global while active, like every hfx patch: do not lower in threads.
+    """
+    from hfx.patches import swap_attr
+
+    handler = logging.StreamHandler(buffer)
+    with contextlib.ExitStack() as stack:
+        for logger in _loggers(namespaces):
+            stack.enter_context(swap_attr(logger, "handlers", [handler]))
+            stack.enter_context(swap_attr(logger, "propagate", False))
+        stack.enter_context(contextlib.redirect_stdout(buffer))
+        stack.enter_context(contextlib.redirect_stderr(buffer))
+        caught = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            buffer.writelines(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught)
+
+
+def _loggers(namespaces: tuple[str, ...]) -> list[logging.Logger]:
+    """The top logger of each namespace and every existing logger under it that has its own handlers."""
+    existing = [
+        logger
+        for name, logger in list(logging.root.manager.loggerDict.items())
+        if isinstance(logger, logging.Logger) and logger.handlers and name.split(".")[0] in namespaces
+    ]
+    return list({id(lg): lg for lg in [*map(logging.getLogger, namespaces), *existing]}.values())
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def root_cause(exc: BaseException) -> str:
+    """``Type: first line`` of the innermost cause (runtimes wrap failures in long preambles)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
+def with_log(message: str, log: str, *, source: str) -> str:
+    """``message`` followed by the last 40 lines ``source`` printed, when it printed anything."""
+    tail = "\n".join(log.strip().splitlines()[-40:])
+    return f"{message}\n{source} output:\n{tail}" if tail else message
+
+
+def lowering_error(stage: str, exported: Exported, what: str, todo: str, log: str = "", *, source: str) -> Any:
+    """A ``LoweringError`` naming the stage, component and model, with the runtime's own output."""
+    from hfx._errors import LoweringError, describe
+
+    message = describe(stage, exported.source_class or "model", exported.name, what, todo)
+    return LoweringError(with_log(message, log, source=source))
 
 
 def versions(*packages: str) -> dict[str, str]:

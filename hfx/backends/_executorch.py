@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import re
 import sys
 import tempfile
 import threading
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -40,10 +38,20 @@ from toolz import curry
 from torch.utils import _pytree as pytree
 
 from hfx._compose import per_component
-from hfx._errors import InputError, LoweringError, describe
+from hfx._errors import InputError, LoweringError
 from hfx._io import call
 from hfx._records import Capture, DynamicShapes, Exported, IoSpec
-from hfx.backends._common import as_exported, for_runtime, require, spec_caches
+from hfx.backends._common import (
+    as_exported,
+    captured_output,
+    first_line,
+    for_runtime,
+    lowering_error,
+    require,
+    root_cause,
+    spec_caches,
+    with_log,
+)
 from hfx.patches import swap_attr
 
 RUNTIME = "pte"
@@ -187,7 +195,7 @@ def lower_to_pte(exported: Exported | Capture, /, *, max_sizes: Mapping[str, int
     try:
         return PteProgram(buffer=buffer, io=io_spec, name=exported.name)
     except LoweringError as exc:
-        what = f"the program was built, but the ExecuTorch runtime refused it: {_first_line(exc)}."
+        what = f"the program was built, but the ExecuTorch runtime refused it: {first_line(exc)}."
         todo = "The runtime's output below names the operator or delegate; replace it with a patch at export."
         raise _lowering_error(exported, what, todo, str(exc)) from exc
 
@@ -250,7 +258,7 @@ def _to_pte(
     try:
         program, kept = _bounded(exported, bounds)
     except Exception as exc:
-        what = f"torch.export could not trace the graph again with the bounds {dict(bounds)}: {_root_cause(exc)}."
+        what = f"torch.export could not trace the graph again with the bounds {dict(bounds)}: {root_cause(exc)}."
         todo = "Lower with other max_sizes; the error names the dim torch.export disagrees with."
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
     try:
@@ -258,7 +266,7 @@ def _to_pte(
             edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
             return edge.to_executorch().buffer, kept
     except Exception as exc:
-        what = f"ExecuTorch could not lower the program: {_root_cause(exc)}."
+        what = f"ExecuTorch could not lower the program: {root_cause(exc)}."
         todo = (
             "An operator without an ExecuTorch kernel or XNNPACK support can be replaced by a patch at "
             "export (export(patches=...)); the log below names the pass that failed."
@@ -371,7 +379,7 @@ def _load_program(buffer: bytes, name: str) -> Any:
             return Runtime.get().load_program(buffer)
         except Exception as exc:
             msg = f"PteProgram({name}): the ExecuTorch runtime could not load the program: {_explain(exc)}"
-            raise LoweringError(_with_log(msg, native.getvalue())) from exc
+            raise LoweringError(with_log(msg, native.getvalue(), source="ExecuTorch")) from exc
 
 
 def _load_method(program: Any, name: str) -> Any:
@@ -381,41 +389,15 @@ def _load_method(program: Any, name: str) -> Any:
             return program.load_method(_METHOD)
         except Exception as exc:
             msg = f"PteProgram({name}): the ExecuTorch runtime could not load method {_METHOD!r}: {_explain(exc)}"
-            raise LoweringError(_with_log(msg, native.getvalue())) from exc
+            raise LoweringError(with_log(msg, native.getvalue(), source="ExecuTorch")) from exc
 
 
 @contextlib.contextmanager
 def _quietly() -> Iterator[io.StringIO]:
-    """Collect prints, warnings and torch/ExecuTorch log records into a buffer while the block runs.
-
-    Logger handlers and ``sys.stdout``/``sys.stderr`` are swapped and put back on
-    exit, so this is process-global while active, like every hfx patch: do not
-    lower in threads.
-    """
+    """Collect prints, warnings and torch/ExecuTorch log records into a buffer while the block runs."""
     buffer = io.StringIO()
-    handler = logging.StreamHandler(buffer)
-    with contextlib.ExitStack() as stack:
-        for logger in _loggers(_QUIET_LOGGERS):
-            stack.enter_context(swap_attr(logger, "handlers", [handler]))
-            stack.enter_context(swap_attr(logger, "propagate", False))
-        stack.enter_context(contextlib.redirect_stdout(buffer))
-        stack.enter_context(contextlib.redirect_stderr(buffer))
-        caught = stack.enter_context(warnings.catch_warnings(record=True))
-        warnings.simplefilter("always")
-        try:
-            yield buffer
-        finally:
-            buffer.writelines(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught)
-
-
-def _loggers(namespaces: tuple[str, ...]) -> list[logging.Logger]:
-    """The top logger of each namespace and every existing logger under it that has its own handlers."""
-    existing = [
-        logger
-        for name, logger in list(logging.root.manager.loggerDict.items())
-        if isinstance(logger, logging.Logger) and logger.handlers and name.split(".")[0] in namespaces
-    ]
-    return list({id(lg): lg for lg in [*map(logging.getLogger, namespaces), *existing]}.values())
+    with captured_output(buffer, _QUIET_LOGGERS):
+        yield buffer
 
 
 @contextlib.contextmanager
@@ -451,7 +433,7 @@ def _native_stderr() -> Iterator[io.StringIO]:
 
 def _explain(exc: BaseException) -> str:
     """The runtime's message with its error code named (``0x12`` -> ``0x12 InvalidArgument``)."""
-    text = _first_line(exc)
+    text = first_line(exc)
     match = re.search(r"0x:?([0-9a-fA-F]+)", text)
     if match and int(match.group(1), 16) in _ERROR_NAMES:
         text = text.replace(match.group(0), f"{match.group(0)} ({_ERROR_NAMES[int(match.group(1), 16)]})", 1)
@@ -459,25 +441,7 @@ def _explain(exc: BaseException) -> str:
 
 
 def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> LoweringError:
-    message = describe("lower_to_pte", exported.source_class or "model", exported.name, what, todo)
-    return LoweringError(_with_log(message, log))
-
-
-def _with_log(message: str, log: str) -> str:
-    tail = "\n".join(log.strip().splitlines()[-40:])
-    return f"{message}\nExecuTorch output:\n{tail}" if tail else message
-
-
-def _root_cause(exc: BaseException) -> str:
-    """``Type: first line`` of the innermost cause."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    return f"{type(exc).__name__}: {_first_line(exc)}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return lowering_error("lower_to_pte", exported, what, todo, log, source="ExecuTorch")
 
 
 def save_files(program: PteProgram, directory: Path) -> dict[str, Any]:

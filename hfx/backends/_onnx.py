@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import tempfile
-import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +22,19 @@ import torch
 from toolz import curry
 
 from hfx._compose import per_component
-from hfx._errors import LoweringError, describe
+from hfx._errors import LoweringError
 from hfx._io import call
 from hfx._records import Capture, Exported, IoSpec
-from hfx.backends._common import as_exported, for_runtime, require, spec_caches
-from hfx.patches import swap_attr
+from hfx.backends._common import (
+    as_exported,
+    captured_output,
+    first_line,
+    for_runtime,
+    lowering_error,
+    require,
+    root_cause,
+    spec_caches,
+)
 
 RUNTIME = "onnx"
 
@@ -76,7 +82,7 @@ class OnnxProgram:
             feeds = {spec.name: tensor.numpy() for spec, tensor in zip(self.io.inputs, flat)}
             outputs = self._session.run(list(self.io.output_names), feeds)
         except Exception as exc:
-            msg = f"OnnxProgram({self.name}): ONNX Runtime failed: {_first_line(exc)}"
+            msg = f"OnnxProgram({self.name}): ONNX Runtime failed: {first_line(exc)}"
             raise LoweringError(msg) from exc
         return [torch.from_numpy(output) for output in outputs]
 
@@ -146,7 +152,7 @@ def lower_to_onnx(exported: Exported | Capture, /, *, opset: int = MIN_OPSET, op
     try:
         return OnnxProgram(model=model, io=exported.io, name=exported.name, opset=opset)
     except Exception as exc:
-        what = f"ONNX Runtime could not load the lowered model: {_first_line(exc)}."
+        what = f"ONNX Runtime could not load the lowered model: {first_line(exc)}."
         todo = (
             "ONNX Runtime's CPU kernels do not cover every dtype and opset (bfloat16 has almost none): "
             "cast the model to float32, or lower with another opset or optimize=False."
@@ -178,7 +184,7 @@ def _to_onnx(exported: Exported, *, opset: int, optimize: bool) -> Any:
                 output_names=list(exported.io.output_names),
             )
     except Exception as exc:
-        what = f"torch.onnx.export failed: {_root_cause(exc)}."
+        what = f"torch.onnx.export failed: {root_cause(exc)}."
         todo = (
             "If an operator has no ONNX translation, replace it with a patch at export "
             "(export(patches=...)) or lower exported.program with torch.onnx.export(custom_translation_table=...)."
@@ -209,36 +215,9 @@ def _grad_mode_of_export() -> contextlib.AbstractContextManager[Any]:
     return torch.no_grad()
 
 
-@contextlib.contextmanager
-def _quietly(buffer: io.StringIO) -> Iterator[None]:
-    """Write prints, warnings and torch/onnx log records to ``buffer`` instead of the console while the block runs.
-
-    The loggers' handlers are swapped and put back on exit, so this is
-    process-global while active, like every hfx patch: do not lower in threads.
-    """
-    handler = logging.StreamHandler(buffer)
-    with contextlib.ExitStack() as stack:
-        for logger in _loggers(_QUIET_LOGGERS):
-            stack.enter_context(swap_attr(logger, "handlers", [handler]))
-            stack.enter_context(swap_attr(logger, "propagate", False))
-        stack.enter_context(contextlib.redirect_stdout(buffer))
-        stack.enter_context(contextlib.redirect_stderr(buffer))
-        caught = stack.enter_context(warnings.catch_warnings(record=True))
-        warnings.simplefilter("always")
-        try:
-            yield
-        finally:
-            buffer.writelines(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught)
-
-
-def _loggers(namespaces: tuple[str, ...]) -> list[logging.Logger]:
-    """The top logger of each namespace and every existing logger under it that has its own handlers."""
-    existing = [
-        logger
-        for name, logger in list(logging.root.manager.loggerDict.items())
-        if isinstance(logger, logging.Logger) and logger.handlers and name.split(".")[0] in namespaces
-    ]
-    return list({id(lg): lg for lg in [*map(logging.getLogger, namespaces), *existing]}.values())
+def _quietly(buffer: io.StringIO) -> Any:
+    """Keep torch.onnx's and onnxscript's prints, warnings and logs in ``buffer`` while lowering."""
+    return captured_output(buffer, _QUIET_LOGGERS)
 
 
 def _check_contract(exported: Exported, model: Any, opset: int, log: str) -> None:
@@ -299,21 +278,7 @@ def _new_session(model: Any) -> Any:
 
 
 def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> LoweringError:
-    message = describe("lower_to_onnx", exported.source_class or "model", exported.name, what, todo)
-    tail = "\n".join(log.strip().splitlines()[-40:])
-    return LoweringError(f"{message}\ntorch.onnx output:\n{tail}" if tail else message)
-
-
-def _root_cause(exc: BaseException) -> str:
-    """``Type: first line`` of the innermost cause (torch.onnx wraps every failure in a long preamble)."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    return f"{type(exc).__name__}: {_first_line(exc)}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return lowering_error("lower_to_onnx", exported, what, todo, log, source="torch.onnx")
 
 
 def save_files(program: OnnxProgram, directory: Path) -> dict[str, Any]:
