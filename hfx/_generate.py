@@ -132,10 +132,16 @@ def generate(
     choose = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p, "generator": generator}
 
     state: dict[str, Any] = dict(inputs)
-    _run_feature_encoders(programs, state)
-    if meta.get("is_encoder_decoder"):
-        return _generate_encoder_decoder(programs, state, max_new_tokens, eos, pad, choose)
-    return _generate_decoder_only(programs, state, max_new_tokens, eos, pad, choose)
+    # Registered once for the whole loop: each step's call then finds the cache classes already there.
+    with registered_caches(tuple({c: None for p in programs.values() for c in _spec_classes(p.io)})):
+        _run_feature_encoders(programs, state)
+        if meta.get("is_encoder_decoder"):
+            return _generate_encoder_decoder(programs, state, max_new_tokens, eos, pad, choose)
+        return _generate_decoder_only(programs, state, max_new_tokens, eos, pad, choose)
+
+
+def _spec_classes(io: Any) -> tuple[type, ...]:
+    return classes_in_spec(io.in_spec) + classes_in_spec(io.out_spec)
 
 
 def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> None:
