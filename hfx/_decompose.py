@@ -18,8 +18,9 @@ import torch
 from toolz import curry
 
 from hfx._caches import is_cache
-from hfx._dynamic_shapes import infer_dynamic_shapes, owned_tensors
+from hfx._dynamic_shapes import declared_shapes, infer_dynamic_shapes, owned_tensors
 from hfx._errors import CaptureError, describe
+from hfx._multimodal import FeatureEncoder, feature_methods, features_only, placeholder_tokens, projectors
 from hfx._records import Capture, Components, DynamicShapes
 from hfx.patches import preserve_module_state
 
@@ -33,15 +34,20 @@ def can_generate(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def _recording(module: torch.nn.Module, calls: list[dict[str, Any]]) -> Iterator[None]:
-    """Record a deep copy of the keyword arguments of every call of ``module`` inside the block."""
+def _recording(module: torch.nn.Module, calls: list[Any], running: list[str] | None = None) -> Iterator[None]:
+    """Record a deep copy of the keyword arguments of every call of ``module`` inside the block.
+
+    With ``running`` (see ``_recording_method``), each record is ``(label of the
+    feature method running the call, or None, kwargs)``.
+    """
 
     def hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         bound = dict(kwargs)
         if args:
             names = list(inspect.signature(mod.forward).parameters)
             bound.update(zip(names, args))
-        calls.append(copy.deepcopy(bound))
+        copied = copy.deepcopy(bound)
+        calls.append(copied if running is None else (running[-1] if running else None, copied))
 
     handle = module.register_forward_pre_hook(hook, with_kwargs=True)
     try:
@@ -70,56 +76,13 @@ def _encoder(model: torch.nn.Module) -> torch.nn.Module | None:
     return get() if callable(get) else None
 
 
-class FeatureEncoder(torch.nn.Module):
-    """A model's ``get_<modality>_features`` method as a module, so it exports as a component.
-
-    It holds the model's base model as its only child (shared weights: the
-    user's model is not changed). The per-layer ``hidden_states`` and
-    ``attentions`` the method requests to select features from are not
-    returned: the language model reads the features, and a runtime graph
-    cannot return the ``None`` entries those tuples hold.
-    """
-
-    def __init__(self, owner: torch.nn.Module, method: str) -> None:
-        super().__init__()
-        self.owner = owner
-        self.method = method
-
-    def forward(self, **kwargs: Any) -> Any:
-        """Call the feature method with ``kwargs``."""
-        return features_only(getattr(self.owner, self.method)(**kwargs))
-
-
-def features_only(output: Any) -> Any:
-    """An encoder output without its per-layer ``hidden_states`` and ``attentions``, one tensor per field.
-
-    LLaVA-family ``get_image_features`` return a Python list with one tensor
-    per image, which fixes the number of images in the graph; the language
-    model concatenates that list along axis 0 first, so a one-element list
-    holding the concatenation is the same input for any number of images.
-    """
-    if not isinstance(output, Mapping):
-        return output
-    kept = {k: v for k, v in output.items() if k not in ("hidden_states", "attentions")}
-    for key, value in kept.items():
-        if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
-            kept[key] = [torch.cat(list(value), dim=0)]
-    return type(output)(**kept)
-
-
-_MODALITIES = ("image", "video", "audio")
-
-
-def _feature_methods(model: torch.nn.Module) -> dict[str, str]:
-    """``{modality: method name}`` for the ``get_<modality>_features`` that generate runs before forward."""
-    modalities = getattr(model, "input_modalities", ()) or ()
-    base = getattr(model, "base_model", model)
-    return {m: f"get_{m}_features" for m in _MODALITIES if m in modalities and hasattr(base, f"get_{m}_features")}
-
-
 @contextlib.contextmanager
-def _recording_method(owner: torch.nn.Module, name: str, calls: list[dict[str, Any]]) -> Iterator[None]:
-    """Record the keyword arguments of ``owner.name(...)`` calls inside the block (a reversible instance patch)."""
+def _recording_method(owner: torch.nn.Module, name: str, calls: list[dict[str, Any]], running: list[str],
+                      label: str) -> Iterator[None]:
+    """Record the keyword arguments of ``owner.name(...)`` calls inside the block (a reversible instance patch).
+
+    While a call runs, ``running[-1]`` is ``label``: the modules it calls know which feature method called them.
+    """
     from hfx.patches import swap_attr
 
     method = getattr(owner, name)
@@ -128,7 +91,11 @@ def _recording_method(owner: torch.nn.Module, name: str, calls: list[dict[str, A
     def recorded(*args: Any, **kwargs: Any) -> Any:
         kwargs = {**dict(zip(signature.parameters, args)), **kwargs}
         calls.append(copy.deepcopy(kwargs))
-        return method(**kwargs)
+        running.append(label)
+        try:
+            return method(**kwargs)
+        finally:
+            running.pop()
 
     recorded.__signature__ = signature  # type: ignore[attr-defined]  # generate picks its kwargs by signature
     with swap_attr(owner, name, recorded):
@@ -137,19 +104,36 @@ def _recording_method(owner: torch.nn.Module, name: str, calls: list[dict[str, A
 
 @attrs.frozen(kw_only=True, eq=False)
 class _Recorded:
-    """What one ``generate`` run called: encoders (module, kwargs) and the forward calls."""
+    """What one ``generate`` run called: encoders and prefill parts (module, kwargs), and the forward calls."""
 
     encoders: dict[str, tuple[torch.nn.Module, dict[str, Any]]]
+    parts: dict[str, tuple[torch.nn.Module, dict[str, Any]]]
+    projectors: dict[str, str]
     calls: list[dict[str, Any]]
     length: int
 
 
+def _prefill_parts(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The modules a multimodal prefill runs after the encoders: embedding, language model, lm_head."""
+    found = {
+        "embed_tokens": model.get_input_embeddings(),
+        "language_model": model.get_decoder(),
+        "lm_head": model.get_output_embeddings(),
+    }
+    return {name: module for name, module in found.items() if isinstance(module, torch.nn.Module) and module is not model}
+
+
 def _generate_calls(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int, generation_config: Any) -> _Recorded:
-    """Run ``generate`` for ``steps`` new tokens and record every encoder and forward call."""
+    """Run ``generate`` for ``steps`` new tokens and record every encoder, projector, part and forward call."""
     calls: list[dict[str, Any]] = []
     encoder_calls: dict[str, list[dict[str, Any]]] = {}
     encoder = _encoder(model)
     base = getattr(model, "base_model", model)
+    methods = feature_methods(model)
+    projector_modules = projectors(model) if methods else {}
+    parts = _prefill_parts(model) if methods else {}
+    part_calls: dict[str, list[Any]] = {name: [] for name in [*projector_modules, *parts]}
+    running: list[str] = []
     options = {"max_new_tokens": steps, "min_new_tokens": steps, "do_sample": False}
     if generation_config is not None:
         options["generation_config"] = generation_config
@@ -158,14 +142,29 @@ def _generate_calls(model: torch.nn.Module, inputs: Mapping[str, Any], steps: in
         stack.enter_context(_recording(model, calls))
         if encoder is not None:
             stack.enter_context(_recording(encoder, encoder_calls.setdefault("encoder", [])))
-        for modality, method in _feature_methods(model).items():
-            stack.enter_context(_recording_method(base, method, encoder_calls.setdefault(f"{modality}_encoder", [])))
+        for modality, method in methods.items():
+            found = encoder_calls.setdefault(f"{modality}_encoder", [])
+            stack.enter_context(_recording_method(base, method, found, running, modality))
+        for name, module in projector_modules.items():
+            stack.enter_context(_recording(module, part_calls[name], running))
+        for name, module in parts.items():
+            stack.enter_context(_recording(module, part_calls[name]))
         with torch.no_grad():
             output = model.generate(**copy.deepcopy(dict(inputs)), **options)
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
-    modules = {"encoder": encoder, **{f"{m}_encoder": FeatureEncoder(base, f) for m, f in _feature_methods(model).items()}}
+    # The projector each feature method ran: {modality: attribute name}.
+    used = {label: name for name in projector_modules for label, _ in part_calls[name][:1] if label}
+    modules = {"encoder": encoder, **{f"{m}_encoder": FeatureEncoder(base, f, used.get(m)) for m, f in methods.items()}}
     encoders = {name: (modules[name], found[0]) for name, found in encoder_calls.items() if found}
-    return _Recorded(encoders=encoders, calls=calls, length=int(sequences.shape[-1]))
+    recorded_parts = {
+        f"{modality}_projector" if len(used) > 1 else "projector": (projector_modules[name], part_calls[name][0][1])
+        for modality, name in used.items()
+    }
+    if any(part_calls[name] for name in parts) and encoders:
+        recorded_parts.update({name: (module, part_calls[name][0]) for name, module in parts.items() if part_calls[name]})
+    projector_of = {modality: f"{modality}_projector" if len(used) > 1 else "projector" for modality in used}
+    return _Recorded(encoders=encoders, parts=recorded_parts, projectors=projector_of, calls=calls,
+                     length=int(sequences.shape[-1]))
 
 
 def _with_mask(capture: Capture) -> dict[str, Any]:
@@ -254,6 +253,25 @@ def _decode_shapes(capture: Capture, *, multi_token: bool) -> DynamicShapes:
     return DynamicShapes(axes=axes, bounds={d: b for d, b in shapes.bounds.items() if d not in query})
 
 
+def _encoder_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any]) -> Capture:
+    """An encoder's capture; a feature encoder that splits per image in Python is cut to one image."""
+    splits = isinstance(module, FeatureEncoder) and module.projector is None
+    return Capture(module=module, source=module, kwargs=_one_item(kwargs) if splits else kwargs, name=name)
+
+
+def _part_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any]) -> Capture:
+    """A multimodal prefill part's capture, with the axes of inputs no shape rule knows by name."""
+    capture = Capture(module=module, source=module, kwargs=kwargs, name=name)
+    if name in ("embed_tokens", "lm_head"):  # ``input``: token ids, or the hidden states of the kept positions
+        return attrs.evolve(capture, dynamic_shapes=declared_shapes(capture, {"input": {0: "batch", 1: "sequence"}}))
+    if name.endswith("projector"):  # the selected features of each image (or every image's tokens in a row)
+        modality = name.removesuffix("projector").rstrip("_") or "image"
+        tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.ndim}
+        axes = {k: {0: f"{modality}_count" if v.ndim >= 3 else f"{modality}_tokens"} for k, v in tensors.items()}
+        return attrs.evolve(capture, dynamic_shapes=declared_shapes(capture, axes))
+    return capture
+
+
 @curry
 def decompose(
     capture: Capture,
@@ -272,13 +290,13 @@ def decompose(
     Components: decoder-only models give ``prefill`` and ``decode``;
     encoder-decoder models give ``encoder``, ``prefill`` and ``decode``;
     multimodal models give ``image_encoder`` / ``video_encoder`` /
-    ``audio_encoder`` (the model's ``get_<modality>_features``: vision tower,
-    feature selection and projector, which ``generate()`` runs before
-    ``forward``), then ``prefill`` (embedding, merge, language model, head)
-    and ``decode``; a model that does not generate gives one component,
-    ``model``. With
-    ``multi_token_decode`` there is no ``prefill``: the decode graph takes
-    1..N new tokens over a past of 0..N, so it prefills too.
+    ``audio_encoder`` (the model's ``get_<modality>_features``, which
+    ``generate()`` runs before ``forward``, up to the projector's input),
+    ``projector`` (``<modality>_projector`` when there are several),
+    ``embed_tokens``, ``language_model`` (``get_decoder()``), ``lm_head`` and
+    ``decode``; a model that does not generate gives one component,
+    ``model``. With ``multi_token_decode`` there is no ``prefill``: the decode
+    graph takes 1..N new tokens over a past of 0..N, so it prefills too.
 
     Args:
         capture: a ``Capture`` of generate inputs.
@@ -309,11 +327,9 @@ def decompose(
     if not calls or decode is None:
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
         raise CaptureError(describe("decompose", model, "decode", what, "Pass a prompt of at least 2 tokens."))
-    parts: dict[str, Capture] = {
-        name: Capture(module=module, source=module, kwargs=_one_item(kwargs) if name != "encoder" else kwargs, name=name)
-        for name, (module, kwargs) in recorded.encoders.items()
-    }
-    if not multi_token_decode:  # a multi-token decode graph prefills too, from an empty cache
+    parts = {name: _encoder_capture(name, module, kwargs) for name, (module, kwargs) in recorded.encoders.items()}
+    parts.update({name: _part_capture(name, module, kwargs) for name, (module, kwargs) in recorded.parts.items()})
+    if not multi_token_decode and "language_model" not in parts:  # a multi-token decode graph prefills too
         parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
     decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
     parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=multi_token_decode))
@@ -321,7 +337,9 @@ def decompose(
     meta["cache_input"] = next((k for k, v in decode.items() if is_cache(v)), None)
     # Some generate()s (Whisper's) return the decoder ids without the start token.
     meta["returns_start_token"] = recorded.length == steps + 1 if meta["is_encoder_decoder"] else True
-    meta["feature_encoders"] = {f"{m}_encoder": m for m in _feature_methods(model) if f"{m}_encoder" in parts}
+    meta["feature_encoders"] = {f"{m}_encoder": m for m in feature_methods(model) if f"{m}_encoder" in parts}
+    meta["projectors"] = recorded.projectors
+    meta["placeholder_tokens"] = placeholder_tokens(model, tuple(meta["feature_encoders"].values()))
     return Components(items=parts, meta=meta)
 
 

@@ -184,6 +184,21 @@ def infer_dynamic_shapes(
     return DynamicShapes(axes=axes, bounds={d: tuple(all_bounds.get(d, (1, None))) for d in sorted(used)})
 
 
+def declared_shapes(capture: Capture, axes: Mapping[str, Mapping[int, str]]) -> DynamicShapes:
+    """``axes`` as ``DynamicShapes``, with the default bounds of each dim name (for inputs no rule names).
+
+    Example:
+        >>> import torch
+        >>> from hfx import capture
+        >>> head = capture({"input": torch.ones(2, 1, 4)}, torch.nn.Linear(4, 8))
+        >>> declared_shapes(head, {"input": {0: "batch", 1: "sequence"}}).bounds["batch"]
+        (1, None)
+    """
+    used = {dim for per_axis in axes.values() for dim in per_axis.values()}
+    defaults = _default_bounds(capture.source)
+    return DynamicShapes(axes={k: dict(v) for k, v in axes.items()}, bounds={d: defaults.get(d, (1, None)) for d in sorted(used)})
+
+
 def to_torch(shapes: DynamicShapes, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The ``dynamic_shapes`` argument of ``torch.export.export`` for ``kwargs``: one ``Dim`` per name.
 

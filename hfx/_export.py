@@ -14,6 +14,7 @@ from hfx._caches import cache_classes, registered_caches
 from hfx._compose import per_component
 from hfx._dynamic_shapes import infer_dynamic_shapes, named_leaves, refine, to_torch, widen_unit_axes
 from hfx._errors import CaptureError, describe
+from hfx._prune import without_unused_weights
 from hfx._records import Capture, DynamicShapes, Exported, IoSpec, TensorSpec
 from hfx._signature import flatten_signature
 from hfx.patches import Patch, default_patches, with_patches
@@ -107,7 +108,7 @@ def _torch_export(
             prefer_deferred_runtime_asserts_over_guards=deferred,
         )
         _restore_lower_bounds(program, flat.kwargs, shapes, declared)
-    return program
+    return without_unused_weights(program)
 
 
 def _with_lower_bounds(shapes: DynamicShapes, declared: DynamicShapes) -> DynamicShapes:

@@ -11,6 +11,7 @@ decoding gives exactly the eager tokens.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -134,27 +135,61 @@ def generate(
     state: dict[str, Any] = dict(inputs)
     # Registered once for the whole loop: each step's call then finds the cache classes already there.
     with registered_caches(tuple({c: None for p in programs.values() for c in _spec_classes(p.io)})):
-        _run_feature_encoders(programs, state)
+        features = _run_feature_encoders(programs, state)
         if meta.get("is_encoder_decoder"):
             return _generate_encoder_decoder(programs, state, max_new_tokens, eos, pad, choose)
-        return _generate_decoder_only(programs, state, max_new_tokens, eos, pad, choose)
+        return _generate_decoder_only(programs, state, max_new_tokens, eos, pad, choose, features)
 
 
 def _spec_classes(io: Any) -> tuple[type, ...]:
     return classes_in_spec(io.in_spec) + classes_in_spec(io.out_spec)
 
 
-def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> None:
-    """Encode images / video / audio once, as generate() does before forward (``mm_encoder_outputs``)."""
+def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> dict[str, Any]:
+    """Encode images / video / audio once, as generate() does before forward: ``{modality: features}``.
+
+    Features go through the modality's projector component when there is
+    one. A model without a split prefill reads them as ``mm_encoder_outputs``.
+    """
     encoders = programs.meta.get("feature_encoders", {})
-    if not encoders:
-        return
-    outputs = {}
+    projectors = programs.meta.get("projectors", {})
+    features = {}
     for name, modality in encoders.items():
         encoder = programs[name]
-        keys = input_keys(encoder.io)
-        outputs[modality] = _encode_in_chunks(encoder, {k: state.pop(k) for k in keys if k in state})
-    state["mm_encoder_outputs"] = outputs
+        encoded = _encode_in_chunks(encoder, {k: state.pop(k) for k in input_keys(encoder.io) if k in state})
+        if projectors.get(modality) in programs:
+            projector = programs[projectors[modality]]
+            encoded = projector(**{input_keys(projector.io)[0]: encoded})
+        features[modality] = encoded
+    if features and "language_model" not in programs:
+        state["mm_encoder_outputs"] = features
+    return features
+
+
+def _feature_rows(features: Any) -> torch.Tensor:
+    """Encoded features as one row per placeholder token: ``[tokens, hidden]``."""
+    if not isinstance(features, torch.Tensor):
+        features = features.get("pooler_output") or features["last_hidden_state"]
+    if isinstance(features, (list, tuple)):
+        features = torch.cat(list(features), dim=0)
+    return features.reshape(-1, features.shape[-1])
+
+
+def _split_prefill(programs: Components, state: dict[str, Any], features: Mapping[str, Any], cache_key: str) -> Any:
+    """The prompt's step through the parts of a multimodal prefill: embed, merge features, language model, head.
+
+    Each modality's features replace the embeddings of its placeholder tokens,
+    in order, as the model's forward does (``masked_scatter``).
+    """
+    ids = state["input_ids"]
+    embeds = programs["embed_tokens"](input=ids)
+    for modality, encoded in features.items():
+        placeholder = (ids == programs.meta["placeholder_tokens"][modality])[..., None].expand_as(embeds)
+        embeds = embeds.masked_scatter(placeholder, _feature_rows(encoded).to(embeds.dtype))
+    language_model = programs["language_model"]
+    outputs = language_model(**_step_inputs(language_model, "language_model", {**state, "inputs_embeds": embeds}))
+    logits = programs["lm_head"](input=outputs.last_hidden_state[:, -1:])
+    return SimpleNamespace(logits=logits, **{cache_key: getattr(outputs, cache_key)})
 
 
 def _encode_in_chunks(encoder: Any, inputs: dict[str, Any]) -> Any:
@@ -184,17 +219,21 @@ def _concatenated(outputs: list[Any]) -> Any:
 
 
 def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, token_key: str, mask_key: str,
-          max_new_tokens: int, eos: set[int], pad: Any, choose: dict[str, Any]) -> torch.Tensor:
-    """Prefill then decode one token at a time; ``state`` holds the inputs every step shares."""
+          max_new_tokens: int, eos: set[int], pad: Any, choose: dict[str, Any],
+          features: Mapping[str, Any] | None = None) -> torch.Tensor:
+    """Prefill then decode one token at a time; ``state`` holds the inputs every step shares.
+
+    ``features``: the encoded, projected features a split multimodal prefill merges into the prompt.
+    """
     batch = tokens.shape[0]
-    first = programs["prefill"] if "prefill" in programs else programs["decode"]
+    name = next(n for n in ("language_model", "prefill", "decode") if n in programs)
     cache_key = programs.meta.get("cache_input") or "past_key_values"
-    state[cache_key] = _initial_cache(first, batch, cache_key)
+    state[cache_key] = _initial_cache(programs[name], batch, cache_key)
     mask = state[mask_key]
     new_tokens = tokens
     finished = torch.zeros(batch, dtype=torch.bool)
     generated = []
-    program, name = first, "prefill" if "prefill" in programs else "decode"
+    program = programs[name]
     for _ in range(max_new_tokens):
         past = mask.shape[-1] - new_tokens.shape[-1]
         state.update({
@@ -204,7 +243,10 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
             "decoder_position_ids": _positions(mask)[:, past:],
             "cache_position": torch.arange(past, mask.shape[-1]),
         })
-        outputs = program(**_step_inputs(program, name, state))
+        if name == "language_model":
+            outputs = _split_prefill(programs, state, features, cache_key)
+        else:
+            outputs = program(**_step_inputs(program, name, state))
         token = _select(outputs.logits[:, -1, :].float(), **choose)
         if pad is not None and eos:
             token = torch.where(finished, torch.as_tensor(pad, dtype=token.dtype), token)
@@ -221,12 +263,12 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
 
 
 def _generate_decoder_only(programs: Components, state: dict[str, Any], max_new_tokens: int, eos: set[int], pad: Any,
-                           choose: dict[str, Any]) -> torch.Tensor:
+                           choose: dict[str, Any], features: Mapping[str, Any]) -> torch.Tensor:
     if "input_ids" not in state:
         raise InputError("generate needs input_ids")
     tokens = state.pop("input_ids")
     state.setdefault("attention_mask", torch.ones_like(tokens))
-    return _loop(programs, state, tokens, "input_ids", "attention_mask", max_new_tokens, eos, pad, choose)
+    return _loop(programs, state, tokens, "input_ids", "attention_mask", max_new_tokens, eos, pad, choose, features)
 
 
 def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_new_tokens: int, eos: set[int],

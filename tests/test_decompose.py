@@ -98,3 +98,41 @@ def test_decompose_error_names_the_stage():
 
     with pytest.raises(hfx.CaptureError, match=r"\[decompose\]"):
         hfx.decompose(hfx.capture({}, NoDecode()))
+
+
+@pytest.fixture(scope="module")
+def llava_parts(models):
+    return hfx.decompose(hfx.capture(zoo.inputs("llava", batch=2, sequence=5), models("llava")))
+
+
+def test_multimodal_splits_into_encoder_projector_language_model_head_decode(llava_parts):
+    assert list(llava_parts) == ["image_encoder", "projector", "embed_tokens", "language_model", "lm_head", "decode"]
+    model = llava_parts["decode"].source
+    assert llava_parts["language_model"].module is model.get_decoder()
+    assert llava_parts["lm_head"].module is model.get_output_embeddings()
+    assert llava_parts["projector"].module is model.model.multi_modal_projector
+    assert llava_parts.meta["projectors"] == {"image": "projector"}
+    assert llava_parts.meta["placeholder_tokens"] == {"image": model.config.image_token_id}
+
+
+def test_multimodal_parts_take_what_generate_passed_them(llava_parts):
+    image_tokens = (lambda v: (v.image_size // v.patch_size) ** 2)(llava_parts["decode"].source.config.vision_config)
+    assert llava_parts["image_encoder"].kwargs["pixel_values"].shape[0] == 2  # every image: the graph is not per image
+    assert llava_parts["projector"].kwargs["image_features"].shape[:2] == (2, image_tokens)
+    prompt = zoo.inputs("llava", batch=2, sequence=5)["input_ids"]
+    assert llava_parts["embed_tokens"].kwargs["input"].shape == prompt.shape
+    assert llava_parts["language_model"].kwargs["inputs_embeds"].shape[:2] == prompt.shape
+    assert llava_parts["lm_head"].kwargs["input"].shape[:2] == (2, 1)  # generate keeps the last position's logits
+    assert dict(llava_parts["lm_head"].dynamic_shapes.axes["input"]) == {0: "batch", 1: "sequence"}
+    assert dict(llava_parts["projector"].dynamic_shapes.axes["image_features"]) == {0: "image_count"}
+
+
+def test_image_encoder_stops_at_the_projector_and_holds_only_its_weights(llava_parts):
+    exported = hfx.export(llava_parts["image_encoder"])
+    model = llava_parts["decode"].source
+    pixels = zoo.inputs("llava", batch=3, sequence=4)["pixel_values"]
+    with torch.no_grad():
+        hidden = model.model.vision_tower(pixels, output_hidden_states=True).hidden_states[model.config.vision_feature_layer]
+    assert torch.allclose(exported(pixel_values=pixels), hidden[:, 1:], atol=1e-5)  # "default": the CLS row dropped
+    vision = sum(p.numel() for p in model.model.vision_tower.parameters())
+    assert sum(v.numel() for v in exported.program.state_dict.values()) <= vision

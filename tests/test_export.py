@@ -141,3 +141,11 @@ def test_export_failure_in_a_component_names_it():
 
     with pytest.raises(hfx.ComponentError, match="component 'enc'"):
         hfx.export(hfx.Components(items={"enc": hfx.capture({"x": torch.ones(2)}, Bad())}))
+
+
+def test_a_component_holds_only_the_weights_its_graph_reads(generative):
+    _, parts = generative("t5")
+    encoder_weights = {k for k in parts["encoder"].program.state_dict}
+    decode_weights = set(parts["decode"].program.state_dict)
+    assert not any(".encoder." in k for k in decode_weights)  # the decode step reads the encoder's outputs only
+    assert encoder_weights and decode_weights
