@@ -80,3 +80,11 @@ def test_generation_components_keep_meta_and_tokenizer(generative, tmp_path):
     assert loaded.processor("w1 w2 w3")["input_ids"] == tokenizer("w1 w2 w3")["input_ids"]
     inputs = hfx.zoo.inputs("llama", batch=2, sequence=6)
     assert torch.equal(hfx.generate(loaded, **inputs, max_new_tokens=8), hfx.generate(parts, **inputs, max_new_tokens=8))
+
+
+def test_multimodal_parts_reload_and_generate_the_same_tokens(generative, tmp_path):
+    model, parts = generative("llava")
+    loaded = hfx.load(hfx.save(parts, tmp_path / "llava"))
+    assert list(loaded) == list(parts) and loaded.meta == parts.meta
+    inputs = hfx.zoo.inputs("llava", batch=2, sequence=4)
+    assert torch.equal(hfx.generate(loaded, **inputs, max_new_tokens=6), hfx.generate(parts, **inputs, max_new_tokens=6))
