@@ -40,6 +40,10 @@ from hfx.backends._onnx import lower_to_onnx as lower_to_onnx
 from hfx.backends._openvino import OvProgram as OvProgram
 from hfx.backends._openvino import lower_to_ov as lower_to_ov
 from hfx.patches import with_patches as with_patches
+from hfx.quantize import calibration_inputs as calibration_inputs
+from hfx.quantize import quantize_onnx as quantize_onnx
+from hfx.quantize import quantize_ov as quantize_ov
+from hfx.quantize import quantize_pt2e as quantize_pt2e
 
 __version__ = "0.1.0"
 
@@ -62,6 +66,7 @@ __all__ = [
     "TensorSpec",
     "__version__",
     "by_component",
+    "calibration_inputs",
     "capture",
     "decompose",
     "export",
@@ -73,6 +78,9 @@ __all__ = [
     "lower_to_ov",
     "lower_to_pte",
     "per_component",
+    "quantize_onnx",
+    "quantize_ov",
+    "quantize_pt2e",
     "save",
     "verify",
     "with_patches",

@@ -7,9 +7,12 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+import attrs
 
 from hfx._records import Components, IoSpec
 
@@ -36,7 +39,13 @@ def _runtime_module(kind: str) -> Any:
 
 
 def save(
-    program: Any, directory: str | os.PathLike[str], /, *, overwrite: bool = False, processor: Any = None
+    program: Any,
+    directory: str | os.PathLike[str],
+    /,
+    *,
+    overwrite: bool = False,
+    processor: Any = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> Path:
     """Save a program (or ``Components`` of programs) to ``directory``.
 
@@ -54,6 +63,8 @@ def save(
         overwrite: replace an existing directory.
         processor: a tokenizer or processor (``save_pretrained``) to keep with the
             programs; defaults to ``program.processor`` for ``Components``.
+        meta: JSON facts to keep with the programs (a quantization scheme, a
+            model id), merged over the ``Components``' own ``meta``.
 
     Returns:
         The directory's path.
@@ -73,6 +84,8 @@ def save(
         msg = f"save: {target} already exists; choose another directory or pass overwrite=True"
         raise FileExistsError(msg)
     components = program if isinstance(program, Components) else Components(items={program.name: program})
+    if meta:
+        components = attrs.evolve(components, meta={**components.meta, **meta})
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:

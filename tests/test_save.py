@@ -88,3 +88,11 @@ def test_multimodal_parts_reload_and_generate_the_same_tokens(generative, tmp_pa
     assert list(loaded) == list(parts) and loaded.meta == parts.meta
     inputs = hfx.zoo.inputs("llava", batch=2, sequence=4)
     assert torch.equal(hfx.generate(loaded, **inputs, max_new_tokens=6), hfx.generate(parts, **inputs, max_new_tokens=6))
+
+
+def test_meta_given_to_save_is_kept_with_a_single_program(exported, tmp_path):
+    import json
+
+    path = hfx.save(exported("bert"), tmp_path / "bert", meta={"quantization": {"stage": "none"}})
+    assert json.loads((path / "hfx.json").read_text())["meta"] == {"quantization": {"stage": "none"}}
+    assert isinstance(hfx.load(path), hfx.Exported)

@@ -52,6 +52,7 @@ from hfx.backends._common import (
     spec_caches,
     with_log,
 )
+from hfx.backends._xnnpack_patches import patch_xnnpack_unsqueeze_dynamic_dims
 from hfx.patches import swap_attr
 
 RUNTIME = "pte"
@@ -262,7 +263,7 @@ def _to_pte(
         todo = "Lower with other max_sizes; the error names the dim torch.export disagrees with."
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
     try:
-        with patch_edge_verifier_sym_functions():
+        with patch_edge_verifier_sym_functions(), patch_xnnpack_unsqueeze_dynamic_dims():
             edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
             return edge.to_executorch().buffer, kept
     except Exception as exc:
@@ -287,13 +288,7 @@ def _bounded(
 
     program = exported.program
     dynamic = {name: b for name, b in bounds.items() if b[0] != b[1]}
-    sizes = {name: _example_size(hint, *bounds[name]) for name, hint in _hints(exported).items() if name in bounds}
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    leaves = [
-        _example(spec.shape, placeholders[user].meta.get("val"), sizes)
-        for spec, user in zip(exported.io.inputs, program.graph_signature.user_inputs)
-    ]
-    _, kwargs = pytree.tree_unflatten(leaves, program.call_spec.in_spec)  # hfx graphs take keywords only
+    kwargs = example_kwargs(exported, bounds)
     axes = {leaf: {a: d for a, d in per_axis.items() if d in dynamic} for leaf, per_axis in exported.dynamic_shapes.axes.items()}
     module = program.module()
     again = export(
@@ -334,6 +329,26 @@ def patch_edge_verifier_sym_functions() -> Iterator[None]:
     allowed = {*vars(verifier)["_EXECUTORCH_SYM_OPS"], *_PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS}
     with swap_attr(verifier, "_EXECUTORCH_SYM_OPS", allowed):
         yield
+
+
+def example_kwargs(exported: Exported, bounds: Mapping[str, tuple[int, int | None]]) -> dict[str, Any]:
+    """Zero inputs for ``exported`` at its trace sizes, each named dim clamped to ``bounds`` (tracing reads only shapes).
+
+    A dim traced at 0 or 1 is taken at 2 when its bounds allow (torch.export
+    specialises sizes 0 and 1); an unbounded maximum keeps the trace size.
+    """
+    program = exported.program
+    sizes = {
+        name: _example_size(hint, bounds[name][0], bounds[name][1] if bounds[name][1] is not None else max(hint, 2))
+        for name, hint in _hints(exported).items() if name in bounds
+    }
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    leaves = [
+        _example(spec.shape, placeholders[user].meta.get("val"), sizes)
+        for spec, user in zip(exported.io.inputs, program.graph_signature.user_inputs)
+    ]
+    _, kwargs = pytree.tree_unflatten(leaves, program.call_spec.in_spec)  # hfx graphs take keywords only
+    return kwargs
 
 
 def _hints(exported: Exported) -> dict[str, int]:

@@ -1,0 +1,154 @@
+"""Calibration data for the quantization stages: per-component inputs and the graph's flat feeds.
+
+A calibration set is a list of input dicts for the model. A decomposed model
+needs one per component: ``calibration_inputs`` runs the model's real
+``generate()`` on each sample with the hooks ``decompose`` records with, so
+that each component is calibrated on the calls it really serves (the prompt
+for ``prefill``, every later step for ``decode``). A stage turns each input
+dict into the graph's flat inputs with the program's own ``flat_inputs``, so a
+static quantizer sees exactly the tensors the graph takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from hfx._errors import InputError
+from hfx._records import Capture, Components, IoSpec
+
+Calibration = Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]]
+
+
+def calibration_inputs(
+    components: Components, model: torch.nn.Module, samples: Sequence[Mapping[str, Any]], /, *, max_new_tokens: int = 4
+) -> dict[str, list[dict[str, Any]]]:
+    """Per-component calibration inputs, recorded from ``model.generate`` on each sample.
+
+    Each sample (generate inputs: ``input_ids``, ``attention_mask``, pixel or
+    audio features ...) runs ``generate`` for ``max_new_tokens`` greedy tokens
+    under ``decompose``'s recording hooks; the model is left as it was. The
+    first forward call calibrates ``prefill``, every later one ``decode``;
+    encoders and multimodal parts get their own recorded calls. A model that
+    does not generate (one component, ``"model"``) is calibrated on the samples.
+
+    Args:
+        components: what ``decompose`` returned (``Capture``, ``Exported`` or programs).
+        model: the model ``components`` were decomposed from.
+        samples: generate inputs, one dict per sample.
+        max_new_tokens: decode steps recorded per sample.
+
+    Returns:
+        ``{component name: [input dict, ...]}``, ready for a stage's ``calibration``.
+
+    Raises:
+        InputError: a component got no calibration input (the samples' generate did not call it).
+
+    Example:
+        >>> import hfx
+        >>> from hfx import zoo
+        >>> model = zoo.build("llama")
+        >>> parts = hfx.decompose(hfx.capture(zoo.inputs("llama"), model))
+        >>> data = calibration_inputs(parts, model, [zoo.inputs("llama", batch=1, sequence=6)], max_new_tokens=3)
+        >>> {name: len(calls) for name, calls in data.items()}
+        {'prefill': 1, 'decode': 2}
+    """
+    if list(components) == ["model"]:
+        return {"model": [dict(sample) for sample in samples]}
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in components}
+    for sample in samples:
+        for name, calls in _recorded_calls(model, sample, max_new_tokens, components.meta).items():
+            if name in found:
+                found[name].extend(calls)
+    missing = [name for name, calls in found.items() if not calls]
+    if missing:
+        msg = (
+            f"calibration_inputs: generate() on the samples never called component(s) {missing} of "
+            f"{type(model).__name__}. Give samples with the inputs those components need (images, audio)."
+        )
+        raise InputError(msg)
+    return found
+
+
+def _recorded_calls(
+    model: torch.nn.Module, sample: Mapping[str, Any], steps: int, meta: Mapping[str, Any]
+) -> dict[str, list[dict[str, Any]]]:
+    """The inputs each component got while ``generate`` ran on ``sample`` (``decompose``'s recording)."""
+    from hfx._decompose import (
+        _encoder_capture,
+        _generate_calls,
+        _part_capture,
+        _with_2d_mask,
+        _with_features_only,
+        _with_mask,
+    )
+
+    inputs = _with_mask(Capture(module=model, source=model, kwargs=sample))  # graphs were traced with a mask input
+    recorded = _generate_calls(model, inputs, steps, _generation_config(model, meta))
+    calls = [_with_features_only(_with_2d_mask(call, inputs, index)) for index, call in enumerate(recorded.calls)]
+    per_component = {"prefill": calls[:1], "decode": calls[1:]}
+    per_component.update({name: [_encoder_capture(name, m, kw).kwargs] for name, (m, kw) in recorded.encoders.items()})
+    per_component.update({name: [_part_capture(name, m, kw).kwargs] for name, (m, kw) in recorded.parts.items()})
+    return {name: [dict(call) for call in found] for name, found in per_component.items()}
+
+
+def _generation_config(model: torch.nn.Module, meta: Mapping[str, Any]) -> Any:
+    """The generation config ``decompose`` ran with (a static cache changes the decode graph's inputs); ``None`` for the model's own."""
+    import json
+
+    settings = meta.get("generation_config")
+    if not settings or dict(settings) == json.loads(model.generation_config.to_json_string(use_diff=False)):
+        return None
+    from transformers import GenerationConfig
+
+    return GenerationConfig.from_dict(dict(settings))
+
+
+def samples_for(calibration: Calibration | None, name: str, *, stage: str) -> list[Mapping[str, Any]] | None:
+    """The calibration samples of component ``name``: the list itself, or its entry in a per-component mapping.
+
+    Raises:
+        ValueError: a mapping without ``name``, or an empty calibration set.
+        TypeError: ``calibration`` is neither a list of dicts nor a mapping of them.
+    """
+    if calibration is None:
+        return None
+    if isinstance(calibration, Mapping) and not _is_sample(calibration):
+        if name not in calibration:
+            msg = (
+                f"{stage}: calibration has no inputs for component {name!r} (it has {sorted(calibration)}). "
+                "Build them with hfx.calibration_inputs(components, model, samples)."
+            )
+            raise ValueError(msg)
+        calibration = calibration[name]
+    if isinstance(calibration, Mapping) or not all(isinstance(s, Mapping) for s in calibration):
+        msg = f"{stage}: calibration must be a list of input dicts (or {{component: list}}), got {type(calibration).__name__}"
+        raise TypeError(msg)
+    if not calibration:
+        msg = f"{stage}: calibration for component {name!r} is empty; give at least one input dict"
+        raise ValueError(msg)
+    return list(calibration)
+
+
+def _is_sample(mapping: Mapping[str, Any]) -> bool:
+    """Whether ``mapping`` is one input dict (tensor values) rather than ``{component: [input dicts]}``."""
+    return not all(isinstance(v, Sequence) and not isinstance(v, (str, torch.Tensor)) for v in mapping.values())
+
+
+def graph_feeds(io: IoSpec, samples: Sequence[Mapping[str, Any]], *, program: str) -> list[list[torch.Tensor]]:
+    """Each sample as the graph's flat inputs, checked by ``hfx._io.flat_inputs`` (names, dtypes, dims, bounds)."""
+    from hfx._caches import classes_in_spec, registered_caches
+    from hfx._io import flat_inputs
+
+    with registered_caches(classes_in_spec(io.in_spec)):
+        return [flat_inputs(io, sample, program=program) for sample in samples]
+
+
+def named_feeds(io: IoSpec, samples: Sequence[Mapping[str, Any]], *, program: str) -> list[dict[str, Any]]:
+    """Each sample as ``{graph input name: numpy array}``, what ONNX Runtime and OpenVINO calibrate on."""
+    return [
+        {name: tensor.numpy() for name, tensor in zip(io.input_names, flat)}
+        for flat in graph_feeds(io, samples, program=program)
+    ]

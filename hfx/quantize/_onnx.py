@@ -1,0 +1,107 @@
+"""``quantize_onnx``: ONNX Runtime quantization of an ``OnnxProgram`` (dynamic int8, or static QDQ)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from toolz import curry
+
+from hfx._compose import per_component
+from hfx.quantize._calibration import Calibration, named_feeds
+from hfx.quantize._common import check_choice, component_samples, quantization_error, quietly, with_quantization
+
+STAGE = "quantize_onnx"
+
+MODES: Mapping[str, str] = MappingProxyType(
+    {
+        "dynamic": "int8 weights per output channel, activations quantized per call (MatMulInteger); no calibration",
+        "static": "QDQ int8 weights and activations, activation ranges observed on calibration (MinMax)",
+    }
+)
+
+
+@curry
+def quantize_onnx(program: Any, /, *, mode: str = "dynamic", calibration: Calibration | None = None) -> Any:
+    """Quantize an ONNX program with ONNX Runtime's quantizer; return a new ``OnnxProgram``.
+
+    ``"dynamic"`` stores int8 weights and quantizes activations at run time;
+    ``"static"`` inserts QuantizeLinear/DequantizeLinear pairs (QDQ) whose
+    activation ranges are observed on ``calibration``. The model goes to ONNX
+    Runtime as a file with external data, so models over 2 GB quantize. The
+    given program is not changed. ``pipe(model, capture(inputs), lower_to_onnx, quantize_onnx)``.
+
+    Args:
+        program: an ``OnnxProgram``, or ``Components`` of them.
+        mode: ``"dynamic"`` or ``"static"`` (see ``MODES``).
+        calibration: input dicts for the model, or ``{component: [input dicts]}``
+            (``hfx.calibration_inputs``); required for ``"static"``.
+
+    Returns:
+        A new ``OnnxProgram`` with the same ``io`` (``Components`` of them, with ``meta["quantization"]``).
+
+    Raises:
+        ValueError: an unknown ``mode``, or ``"static"`` without calibration.
+        ImportError: onnxruntime is missing (install ``hfx[onnx]``).
+        LoweringError: ONNX Runtime's quantizer failed.
+
+    Example:
+        >>> import torch, hfx
+        >>> onnx = hfx.lower_to_onnx(hfx.capture({"input": torch.ones(2, 64)}, torch.nn.Linear(64, 8)))
+        >>> quantize_onnx(onnx)(input=torch.ones(5, 64)).shape
+        torch.Size([5, 8])
+    """
+    check_choice(STAGE, "mode", mode, MODES)
+    result = per_component(_quantize)(program, mode=mode, calibration=calibration)
+    return with_quantization(result, {"stage": STAGE, "mode": mode, "calibrated": calibration is not None})
+
+
+def _quantize(program: Any, /, *, mode: str, calibration: Calibration | None) -> Any:
+    """One component: the model written to a temporary directory, quantized there and read back into memory."""
+    from hfx.backends._common import require
+    from hfx.backends._onnx import OnnxProgram
+
+    require("onnx", "onnxscript", "onnxruntime", extra="onnx")
+    static = "mode 'static'" if mode == "static" else None
+    samples = component_samples(STAGE, program, OnnxProgram, calibration, static=static, instead="mode='dynamic'")
+    feeds = named_feeds(program.io, samples, program=f"{STAGE}({program.name})") if samples else None
+    # ONNX Runtime's quantizer logs its advice through the root logger.
+    with tempfile.TemporaryDirectory(prefix="hfx-quantize-onnx-") as tmp, quietly("root", "onnxruntime") as log:
+        try:
+            model = _quantized_model(program.model, Path(tmp), mode, feeds)
+        except Exception as exc:
+            todo = "Try mode='dynamic', or lower with optimize=False and quantize again."
+            raise quantization_error(STAGE, "", program.name, exc, todo, log.getvalue()) from exc
+    return OnnxProgram(model=model, io=program.io, name=program.name, opset=program.opset)
+
+
+def _quantized_model(model: Any, directory: Path, mode: str, feeds: list[dict[str, Any]] | None) -> Any:
+    """``model`` saved in ``directory``, quantized by ONNX Runtime and loaded back with its weights in memory."""
+    import onnx_ir as ir
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    source, target = directory / "model.onnx", directory / "quantized.onnx"
+    ir.save(model, source, external_data="model.onnx.data")  # the in-memory model is not changed
+    if mode == "dynamic":
+        quantize_dynamic(source, target, per_channel=True, weight_type=QuantType.QInt8, use_external_data_format=True)
+    else:
+        quantize_static(
+            source, target, _Feeds(feeds or []), quant_format=QuantFormat.QDQ, per_channel=True,
+            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, use_external_data_format=True,
+        )
+    quantized = ir.load(target)
+    ir.external_data.load_to_model(quantized)  # the program outlives the temporary directory
+    return quantized
+
+
+class _Feeds:
+    """The ``CalibrationDataReader`` protocol (``get_next``) over a list of feeds; ONNX Runtime reads it once."""
+
+    def __init__(self, feeds: list[dict[str, Any]]) -> None:
+        self._feeds: Iterator[dict[str, Any]] = iter(feeds)
+
+    def get_next(self) -> dict[str, Any] | None:
+        return next(self._feeds, None)

@@ -1,0 +1,46 @@
+"""Calibration data: per-component inputs recorded from ``generate`` and the choice of a component's samples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hfx
+from hfx.quantize._calibration import graph_feeds, samples_for
+from tests.helpers import assert_same_state, state_of
+
+
+def test_calibration_inputs_record_each_component_call(generative, samples):
+    model, parts = generative("llama")
+    before = state_of(model)
+    data = hfx.calibration_inputs(parts, model, samples[:2], max_new_tokens=3)
+    assert {name: len(calls) for name, calls in data.items()} == {"prefill": 2, "decode": 4}
+    assert [int(call["input_ids"].shape[-1]) for call in data["prefill"]] == [5, 9]
+    assert all(call["input_ids"].shape[-1] == 1 for call in data["decode"])
+    for name, calls in data.items():  # every recorded call is a valid input of its graph
+        feeds = graph_feeds(parts[name].io, calls, program=name)
+        assert all(len(flat) == len(parts[name].io.inputs) for flat in feeds)
+    assert_same_state(model, before)
+
+
+def test_a_model_that_does_not_generate_is_calibrated_on_the_samples(exported, models):
+    parts = hfx.Components(items={"model": exported("bert")})
+    sample = {"input_ids": torch.ones(1, 4, dtype=torch.long)}
+    assert hfx.calibration_inputs(parts, models("bert"), [sample]) == {"model": [sample]}
+
+
+def test_samples_for_a_component():
+    one = {"input_ids": torch.ones(1, 3, dtype=torch.long)}
+    assert samples_for(None, "decode", stage="s") is None
+    assert samples_for([one], "decode", stage="s") == [one]
+    assert samples_for({"decode": [one], "prefill": []}, "decode", stage="s") == [one]
+
+
+@pytest.mark.parametrize(("calibration", "error", "match"), [
+    ({"prefill": [{}]}, ValueError, r"stage: calibration has no inputs for component 'decode' \(it has \['prefill'\]\)"),
+    ([], ValueError, "calibration for component 'decode' is empty"),
+    ("input_ids", TypeError, "calibration must be a list of input dicts"),
+])
+def test_samples_for_rejects_what_it_cannot_use(calibration, error, match):
+    with pytest.raises(error, match=match):
+        samples_for(calibration, "decode", stage="stage")

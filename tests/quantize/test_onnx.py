@@ -1,0 +1,69 @@
+"""``quantize_onnx``: ONNX Runtime dynamic and static (QDQ) quantization of an ``OnnxProgram``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toolz import pipe
+
+import hfx
+from tests.quantize.metrics import cosine, top1_agreement
+
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def onnx(exported):
+    return hfx.lower_to_onnx(exported("llama"))
+
+
+def _ops(program):
+    return {node.op_type for node in program.model.graph}
+
+
+def _weight_bytes(program):
+    return sum(v.const_value.nbytes for v in program.model.graph.initializers.values() if v.const_value is not None)
+
+
+def test_dynamic_stores_int8_weights_and_keeps_the_input_program(onnx, reference):
+    ops, size = _ops(onnx), _weight_bytes(onnx)
+    quantized = pipe(onnx, hfx.quantize_onnx)
+    assert isinstance(quantized, hfx.OnnxProgram) and quantized.io is onnx.io
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= _ops(quantized)
+    assert _weight_bytes(quantized) < 0.5 * size
+    inputs, logits = reference
+    got = quantized(**inputs).logits
+    assert cosine(logits, got) > 0.999  # measured 0.9999
+    assert top1_agreement(logits, got) > 0.9
+    assert _ops(onnx) == ops and _weight_bytes(onnx) == size
+    assert torch.allclose(onnx(**inputs).logits, logits, atol=1e-4)
+
+
+def test_static_qdq_calibrates_and_round_trips(onnx, samples, reference, tmp_path):
+    quantized = hfx.quantize_onnx(mode="static", calibration=samples)(onnx)
+    assert {"QuantizeLinear", "DequantizeLinear"} <= _ops(quantized)
+    inputs, logits = reference
+    got = quantized(**inputs).logits
+    assert cosine(logits, got) > 0.99  # measured 0.999
+    loaded = hfx.load(hfx.save(quantized, tmp_path / "qdq"))
+    assert torch.equal(loaded(**inputs).logits, got)
+
+
+def test_static_needs_calibration(onnx):
+    with pytest.raises(ValueError, match=r"quantize_onnx: mode 'static' .* pass calibration="):
+        hfx.quantize_onnx(onnx, mode="static")
+
+
+def test_unknown_mode_names_the_stage_and_the_choices(onnx):
+    with pytest.raises(ValueError, match=r"quantize_onnx: mode must be one of \['dynamic', 'static'\], got 'int8'"):
+        hfx.quantize_onnx(onnx, mode="int8")
+
+
+def test_calibration_inputs_are_checked_against_the_graph(onnx):
+    with pytest.raises(hfx.InputError, match="needs input"):
+        hfx.quantize_onnx(onnx, mode="static", calibration=[{"input_ids": torch.ones(1, 4, dtype=torch.long)}])
+
+
+def test_an_exported_is_refused_with_what_to_pass(exported):
+    with pytest.raises(TypeError, match="quantize_onnx takes an OnnxProgram"):
+        hfx.quantize_onnx(exported("llama"))
