@@ -200,7 +200,11 @@ def registered_caches(classes: Iterable[type] | None = None) -> Iterator[None]:
 
 
 def classes_in_spec(serialised: str) -> tuple[type, ...]:
-    """The non-builtin node classes a serialised treespec names that are cache classes (imported by name)."""
+    """The non-builtin node classes a serialised treespec names that are cache classes (imported by name).
+
+    The transformers modules of every class it names are imported, so that
+    their ``ModelOutput`` classes are registered before the spec is loaded.
+    """
     return _classes_in_spec(serialised)
 
 
@@ -216,5 +220,9 @@ def _classes_in_spec(serialised: str) -> tuple[type, ...]:
                 walk(child)
 
     walk(json.loads(serialised)[1])
+    for name in names:  # ModelOutput classes register themselves as pytree nodes when their module is imported
+        module = name.rpartition(".")[0]
+        if module.startswith("transformers."):
+            importlib.import_module(module)
     known = {f"{c.__module__}.{c.__qualname__}": c for c in cache_classes()}
     return tuple(known[n] for n in sorted(names) if n in known)

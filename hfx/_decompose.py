@@ -21,6 +21,7 @@ from hfx._caches import is_cache
 from hfx._dynamic_shapes import declared_shapes, infer_dynamic_shapes, owned_tensors
 from hfx._errors import CaptureError, describe
 from hfx._multimodal import FeatureEncoder, feature_methods, features_only, placeholder_tokens, projectors
+from hfx._vision_inputs import recording_vision_inputs
 from hfx._records import Capture, Components, DynamicShapes
 from hfx.patches import preserve_module_state
 
@@ -109,6 +110,7 @@ class _Recorded:
     encoders: dict[str, tuple[torch.nn.Module, dict[str, Any]]]
     parts: dict[str, tuple[torch.nn.Module, dict[str, Any]]]
     projectors: dict[str, str]
+    encoder_inputs: dict[str, dict[str, Any]]
     calls: list[dict[str, Any]]
     length: int
 
@@ -133,6 +135,9 @@ def _generate_calls(model: torch.nn.Module, inputs: Mapping[str, Any], steps: in
     projector_modules = projectors(model) if methods else {}
     parts = _prefill_parts(model) if methods else {}
     part_calls: dict[str, list[Any]] = {name: [] for name in [*projector_modules, *parts]}
+    towers = {m: tower for m in methods if (tower := _tower(model, m)) is not None}
+    tower_calls: dict[str, list[Any]] = {m: [] for m in towers}
+    vision_inputs: dict[str, dict[str, dict[str, Any]]] = {m: {} for m in towers}
     running: list[str] = []
     options = {"max_new_tokens": steps, "min_new_tokens": steps, "do_sample": False}
     if generation_config is not None:
@@ -149,13 +154,30 @@ def _generate_calls(model: torch.nn.Module, inputs: Mapping[str, Any], steps: in
             stack.enter_context(_recording(module, part_calls[name], running))
         for name, module in parts.items():
             stack.enter_context(_recording(module, part_calls[name]))
+        for modality, tower in towers.items():
+            stack.enter_context(_recording(tower, tower_calls[modality], running))
+            stack.enter_context(recording_vision_inputs(tower, vision_inputs[modality]))
         with torch.no_grad():
             output = model.generate(**copy.deepcopy(dict(inputs)), **options)
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
     # The projector each feature method ran: {modality: attribute name}.
     used = {label: name for name in projector_modules for label, _ in part_calls[name][:1] if label}
-    modules = {"encoder": encoder, **{f"{m}_encoder": FeatureEncoder(base, f, used.get(m)) for m, f in methods.items()}}
-    encoders = {name: (modules[name], found[0]) for name, found in encoder_calls.items() if found}
+    encoders = {"encoder": (encoder, encoder_calls["encoder"][0])} if encoder_calls.get("encoder") else {}
+    encoder_inputs: dict[str, dict[str, Any]] = {}
+    for modality, method in methods.items():
+        found = encoder_calls[f"{modality}_encoder"]
+        own = [kwargs for label, kwargs in tower_calls.get(modality, []) if label == modality]
+        if not found:
+            continue
+        if modality not in used and own:  # no projector: the tower's output is the features (Qwen2-VL's merger)
+            values = {k: v for entry in vision_inputs[modality].values() for k, v in entry["values"].items()}
+            encoders[f"{modality}_encoder"] = (towers[modality], {**own[0], **values})
+            encoder_inputs[f"{modality}_encoder"] = {
+                "names": _renamed(own[0], found[0]),
+                "computed": {name: {"options": entry["options"]} for name, entry in vision_inputs[modality].items()},
+            }
+        else:
+            encoders[f"{modality}_encoder"] = (FeatureEncoder(base, method, used.get(modality)), found[0])
     recorded_parts = {
         f"{modality}_projector" if len(used) > 1 else "projector": (projector_modules[name], part_calls[name][0][1])
         for modality, name in used.items()
@@ -163,8 +185,31 @@ def _generate_calls(model: torch.nn.Module, inputs: Mapping[str, Any], steps: in
     if any(part_calls[name] for name in parts) and encoders:
         recorded_parts.update({name: (module, part_calls[name][0]) for name, module in parts.items() if part_calls[name]})
     projector_of = {modality: f"{modality}_projector" if len(used) > 1 else "projector" for modality in used}
-    return _Recorded(encoders=encoders, parts=recorded_parts, projectors=projector_of, calls=calls,
-                     length=int(sequences.shape[-1]))
+    return _Recorded(encoders=encoders, parts=recorded_parts, projectors=projector_of, encoder_inputs=encoder_inputs,
+                     calls=calls, length=int(sequences.shape[-1]))
+
+
+def _tower(model: torch.nn.Module, modality: str) -> torch.nn.Module | None:
+    """The modality's encoder module (``get_encoder(modality=…)``), or ``None`` when the model names none."""
+    get = getattr(model, "get_encoder", None)
+    try:
+        tower = get(modality=modality) if callable(get) else None
+    except (TypeError, ValueError):
+        return None
+    return tower if isinstance(tower, torch.nn.Module) and tower is not model and tower is not getattr(model, "base_model", None) else None
+
+
+def _renamed(tower_kwargs: Mapping[str, Any], method_kwargs: Mapping[str, Any]) -> dict[str, str]:
+    """``{tower input: generate input}`` for the tower's tensors that are a generate input under another name."""
+    names = {}
+    for key, value in tower_kwargs.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        for source, given in method_kwargs.items():
+            if isinstance(given, torch.Tensor) and given.shape == value.shape and torch.equal(given.to(value.dtype), value):
+                names[key] = source
+                break
+    return names
 
 
 def _with_mask(capture: Capture) -> dict[str, Any]:
@@ -253,10 +298,33 @@ def _decode_shapes(capture: Capture, *, multi_token: bool) -> DynamicShapes:
     return DynamicShapes(axes=axes, bounds={d: b for d, b in shapes.bounds.items() if d not in query})
 
 
-def _encoder_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any]) -> Capture:
-    """An encoder's capture; a feature encoder that splits per image in Python is cut to one image."""
+def _encoder_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any], packed: bool) -> Capture:
+    """An encoder's capture; a feature encoder that splits per image in Python is cut to one image.
+
+    ``packed``: a tower taking every image's patches in one sequence (and
+    their positions and boundaries, computed outside the graph): the patch,
+    image and boundary counts vary.
+    """
     splits = isinstance(module, FeatureEncoder) and module.projector is None
-    return Capture(module=module, source=module, kwargs=_one_item(kwargs) if splits else kwargs, name=name)
+    capture = Capture(module=module, source=module, kwargs=_one_item(kwargs) if splits else kwargs, name=name)
+    if not packed:
+        return capture
+    modality = name.removesuffix("_encoder")
+    tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.ndim}
+    patches = max(int(v.shape[0]) for v in tensors.values())  # the packed patches outnumber the images
+
+    def dim(key: str, tensor: torch.Tensor) -> str:
+        if key.startswith("cu_"):  # boundaries: of the images, or of Qwen2.5-VL's windows
+            return f"{modality}_{key.removeprefix('cu_').replace('seqlens', 'boundaries')}"
+        if key.endswith("grid_thw"):
+            return f"{modality}_count"
+        return f"{modality}_patches" if tensor.shape[0] == patches else f"{modality}_{key}"
+
+    axes = {k: {0: dim(k, v)} for k, v in tensors.items()}
+    shapes = declared_shapes(capture, axes)
+    # A list of boundaries holds at least two (one image, one window).
+    bounds = {d: (2, None) if d.endswith("boundaries") else b for d, b in shapes.bounds.items()}
+    return attrs.evolve(capture, dynamic_shapes=attrs.evolve(shapes, bounds=bounds))
 
 
 def _part_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any]) -> Capture:
@@ -327,7 +395,10 @@ def decompose(
     if not calls or decode is None:
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
         raise CaptureError(describe("decompose", model, "decode", what, "Pass a prompt of at least 2 tokens."))
-    parts = {name: _encoder_capture(name, module, kwargs) for name, (module, kwargs) in recorded.encoders.items()}
+    parts = {
+        name: _encoder_capture(name, module, kwargs, packed=bool(recorded.encoder_inputs.get(name, {}).get("computed")))
+        for name, (module, kwargs) in recorded.encoders.items()
+    }
     parts.update({name: _part_capture(name, module, kwargs) for name, (module, kwargs) in recorded.parts.items()})
     if not multi_token_decode and "language_model" not in parts:  # a multi-token decode graph prefills too
         parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
@@ -339,6 +410,7 @@ def decompose(
     meta["returns_start_token"] = recorded.length == steps + 1 if meta["is_encoder_decoder"] else True
     meta["feature_encoders"] = {f"{m}_encoder": m for m in feature_methods(model) if f"{m}_encoder" in parts}
     meta["projectors"] = recorded.projectors
+    meta["encoder_inputs"] = recorded.encoder_inputs
     meta["placeholder_tokens"] = placeholder_tokens(model, tuple(meta["feature_encoders"].values()))
     return Components(items=parts, meta=meta)
 
@@ -356,6 +428,7 @@ def generation_meta(model: torch.nn.Module, generation_config: Any = None) -> di
         "is_encoder_decoder": bool(getattr(model.config, "is_encoder_decoder", False)),
         "decoder_start_token_id": start,
         "model_class": type(model).__name__,
+        "config": json.loads(model.config.to_json_string(use_diff=False)),
     }
 
 

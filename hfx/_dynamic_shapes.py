@@ -96,6 +96,8 @@ def _rule_for(name: str, owners: tuple[type, ...] = (), ndim: int = 2) -> Mappin
     if top in ("attention_mask", "decoder_attention_mask") and ndim == 4:
         # A 4D mask (static caches): batch, heads, query, key; the key axis spans the static cache.
         return {0: "batch", 2: "sequence" if top == "attention_mask" else "decoder_sequence"}
+    if top == "position_ids" and ndim == 3:  # multimodal rotary positions (Qwen2-VL): [sections, batch, sequence]
+        return {1: "batch", 2: "sequence"}
     if top in ("encoder_outputs", "encoder_hidden_states"):
         return {0: "batch", 1: "sequence"}
     if top == "mm_encoder_outputs":  # features encoded before forward: per image, or all images' tokens in a row
@@ -250,30 +252,53 @@ def widen_unit_axes(shapes: DynamicShapes, kwargs: Mapping[str, Any]) -> dict[st
 
 _FIX = re.compile(r"^\s*(\w+) = (.+?)\s*$")
 _DIM = re.compile(r"Dim\(\s*'(\w+)'(?:,\s*min=(\d+))?(?:,\s*max=(\d+))?\s*\)")
+# "Not all values of height = L['pixel_values'].size()[2] in the specified range satisfy the generated guard
+#  4 <= L['pixel_values'].size()[2] and L['pixel_values'].size()[2] <= IntInfinity()"
+_GUARD = re.compile(r"Not all values of (\w+) = .*? satisfy the generated guard (\d+) <= \S+(?: and \S+ <= (\d+))?")
+_DERIVED = re.compile(r"\d+\*_\w+(?:\s*[+-]\s*\d+)?")
+
+
+def _guard_bounds(message: str, bounds: Mapping[str, tuple[int, int | None]]) -> dict[str, tuple[int, int | None]]:
+    """The ranges torch's guards state for each dim (``4 <= height``), for a fix torch can only state as derived."""
+    found: dict[str, tuple[int, int | None]] = {}
+    for name, lo, hi in _GUARD.findall(message):
+        if name in bounds:
+            old_lo, old_hi = bounds[name]
+            found[name] = (max(old_lo, int(lo)), int(hi) if hi else old_hi)
+    return found
 
 
 def refine(shapes: DynamicShapes, message: str) -> DynamicShapes | None:
     """Apply torch.export's "Suggested fixes" to ``shapes``; ``None`` when there is none we can apply.
 
     ``height = 224`` makes ``height`` static; ``sequence = Dim('sequence', max=512)``
-    narrows its bounds. A derived fix (``width = 2*_width``) is not applied.
+    narrows its bounds. A derived fix (``width = 4*_width``, from a strided conv or
+    patch embedding) keeps the dim dynamic with the range torch's failed guard states
+    (``4 <= width``): Swin, wav2vec2 and HuBERT then export with dynamic sizes.
     """
     if "Suggested fixes:" not in message:
         return None
     block = message.split("Suggested fixes:", 1)[1].strip("\n").split("\n\n", 1)[0]
     static: set[str] = set()
     bounds = dict(shapes.bounds)
+    guarded = _guard_bounds(message, bounds)
     for line in block.splitlines():
         match = _FIX.match(line)
-        if not match or match.group(1) not in bounds:
+        if not match:
             return None
         name, expr = match.groups()
+        if name.startswith("_") and name not in bounds:  # the helper Dim of a derived fix (``height = 4*_height``)
+            continue
+        if name not in bounds:
+            return None
         dim = _DIM.fullmatch(expr)
         if expr.isdigit():
             static.add(name)
         elif dim:
             lo, hi = bounds[name]
             bounds[name] = (int(dim.group(2) or lo), int(dim.group(3)) if dim.group(3) else hi)
+        elif _DERIVED.fullmatch(expr) and name in guarded:  # a derived fix: keep the dim, with the guard's range
+            bounds[name] = guarded[name]
         else:
             return None
     axes = {leaf: {a: d for a, d in per_axis.items() if d not in static} for leaf, per_axis in shapes.axes.items()}

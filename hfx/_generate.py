@@ -20,7 +20,9 @@ from torch.utils import _pytree as pytree
 from hfx._caches import classes_in_spec, registered_caches
 from hfx._errors import InputError
 from hfx._io import input_keys, load_spec
+from hfx._positions import next_positions, prompt_positions, text_positions
 from hfx._records import Components
+from hfx._vision_inputs import computed_vision_inputs
 
 _UNSET: Any = object()
 
@@ -37,10 +39,10 @@ def _initial_cache(program: Any, batch: int, key: str) -> Any:
     return kwargs.get(key)
 
 
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids from a 2D mask, as generate computes them (left padding starts at 0)."""
-    positions = mask.long().cumsum(-1) - 1
-    return positions.masked_fill(mask == 0, 0)
+def _position_sections(program: Any) -> int:
+    """How many rows a program's ``position_ids`` have (M-RoPE sections), or 0 for one row per token."""
+    spec = next((spec for spec in program.io.inputs if spec.name == "position_ids"), None)
+    return int(spec.shape[0]) if spec is not None and len(spec.shape) == 3 and isinstance(spec.shape[0], int) else 0
 
 
 def _step_inputs(program: Any, name: str, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -98,9 +100,12 @@ def generate(
             ``encoder`` for encoder-decoder models; any runtime.
         max_new_tokens: how many tokens to add.
         do_sample: sample instead of taking the argmax.
-        temperature, top_k, top_p: sampling filters.
+        temperature: divides the logits before sampling.
+        top_k: sample among the ``top_k`` most likely tokens only.
+        top_p: sample among the most likely tokens whose probabilities add up to ``top_p``.
         seed: seeds the sampler (same seed, same tokens).
-        eos_token_id, pad_token_id: default to the model's generation config.
+        eos_token_id: default to the model's generation config.
+        pad_token_id: default to the model's generation config.
         **inputs: the generate inputs (``input_ids``, ``attention_mask``, ``input_features`` ...).
 
     Returns:
@@ -156,7 +161,7 @@ def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> dict[s
     features = {}
     for name, modality in encoders.items():
         encoder = programs[name]
-        encoded = _encode_in_chunks(encoder, {k: state.pop(k) for k in input_keys(encoder.io) if k in state})
+        encoded = _encode_in_chunks(encoder, _encoder_inputs(encoder, programs.meta.get("encoder_inputs", {}).get(name), state))
         if projectors.get(modality) in programs:
             projector = programs[projectors[modality]]
             encoded = projector(**{input_keys(projector.io)[0]: encoded})
@@ -166,10 +171,30 @@ def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> dict[s
     return features
 
 
+def _encoder_inputs(encoder: Any, how: Mapping[str, Any] | None, state: dict[str, Any]) -> dict[str, Any]:
+    """An encoder's inputs taken from ``state``: by name, or renamed and computed as ``decompose`` recorded.
+
+    A packed-image tower takes ``pixel_values`` as ``hidden_states`` and the
+    grids as ``grid_thw``, plus positions and boundaries computed from the
+    grids (see ``hfx._vision_inputs``). The grids stay in ``state``: the
+    prompt's rotary positions need them.
+    """
+    if not how:
+        return {k: state.pop(k) for k in input_keys(encoder.io) if k in state}
+    renamed = {own: state[given] for own, given in how["names"].items() if given in state}
+    for given in how["names"].values():
+        if not given.endswith("grid_thw"):
+            state.pop(given, None)
+    if how.get("computed") and "grid_thw" in renamed:
+        renamed.update(computed_vision_inputs(how["computed"], renamed["grid_thw"]))
+    return renamed
+
+
 def _feature_rows(features: Any) -> torch.Tensor:
     """Encoded features as one row per placeholder token: ``[tokens, hidden]``."""
     if not isinstance(features, torch.Tensor):
-        features = features.get("pooler_output") or features["last_hidden_state"]
+        pooled = features.get("pooler_output")
+        features = pooled if pooled is not None else features["last_hidden_state"]
     if isinstance(features, (list, tuple)):
         features = torch.cat(list(features), dim=0)
     return features.reshape(-1, features.shape[-1])
@@ -234,13 +259,18 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
     finished = torch.zeros(batch, dtype=torch.bool)
     generated = []
     program = programs[name]
+    sections = _position_sections(program)
+    positions = None
     for _ in range(max_new_tokens):
         past = mask.shape[-1] - new_tokens.shape[-1]
+        state.update({token_key: new_tokens, mask_key: mask})
+        if sections:  # M-RoPE: the prompt's from the image grids, then one past the last
+            positions = prompt_positions(programs.meta, sections, state, mask) if positions is None else next_positions(positions)
+        else:
+            positions = text_positions(mask)[:, past:]
         state.update({
-            token_key: new_tokens,
-            mask_key: mask,
-            "position_ids": _positions(mask)[:, past:],
-            "decoder_position_ids": _positions(mask)[:, past:],
+            "position_ids": positions,
+            "decoder_position_ids": positions,
             "cache_position": torch.arange(past, mask.shape[-1]),
         })
         if name == "language_model":
@@ -258,6 +288,8 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         state[cache_key] = getattr(outputs, cache_key, None) or state[cache_key]
         new_tokens = token[:, None]
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=-1)
+        if "mm_token_type_ids" in state:  # a generated token is text
+            state["mm_token_type_ids"] = torch.zeros_like(new_tokens, dtype=state["mm_token_type_ids"].dtype)
         program, name = programs["decode"], "decode"
     return torch.cat([tokens, torch.stack(generated, dim=1)], dim=-1)
 

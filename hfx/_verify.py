@@ -88,7 +88,7 @@ def verify(program: Any, model: torch.nn.Module, inputs: Mapping[str, Any], /, *
     """
     if isinstance(program, Components):
         return Components(items={k: verify(p, model, inputs[k], atol=atol) for k, p in program.items()})
-    got = program(**inputs)
+    got = program(**copy.deepcopy(dict(inputs)))  # a static cache is written in place (io.updates)
     want = eager_outputs(model, {**copy.deepcopy(dict(inputs)), **program.io.constants})
     got_leaves = dict(named_leaves({"": got}))
     diffs = [

@@ -37,3 +37,23 @@ def eager_tokens(model: torch.nn.Module, inputs: dict[str, torch.Tensor], new_to
     """What ``model.generate`` gives greedily: the reference every runtime must match exactly."""
     with torch.no_grad():
         return model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
+
+
+def packed_image_inputs(config, batch: int, text: int, grid: tuple[int, int, int]) -> dict[str, torch.Tensor]:
+    """Qwen2-VL-style inputs with images of ``grid`` (t, h, w patches), row 0 left-padded by 2 when batch > 1."""
+    generator = torch.Generator().manual_seed(batch * 100 + text + sum(grid))
+    vision = config.vision_config
+    t, h, w = grid
+    block = [config.vision_start_token_id, *[config.image_token_id] * (t * h * w // vision.spatial_merge_size**2),
+             config.vision_end_token_id]
+    high = min(config.image_token_id, config.vision_start_token_id, config.vision_end_token_id)
+    rows = [torch.cat([torch.tensor(block), torch.randint(3, high, (text,), generator=generator)]) for _ in range(batch)]
+    ids = torch.stack(rows)
+    mask = torch.ones_like(ids)
+    if batch > 1:
+        ids[0] = torch.cat([torch.zeros(2, dtype=ids.dtype), ids[0, :-2]])
+        mask[0, :2] = 0
+    patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == config.image_token_id).long(),
+            "pixel_values": torch.randn(batch * t * h * w, patch, generator=generator),
+            "image_grid_thw": torch.tensor([list(grid)] * batch)}

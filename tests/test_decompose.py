@@ -136,3 +136,17 @@ def test_image_encoder_stops_at_the_projector_and_holds_only_its_weights(llava_p
     assert torch.allclose(exported(pixel_values=pixels), hidden[:, 1:], atol=1e-5)  # "default": the CLS row dropped
     vision = sum(p.numel() for p in model.model.vision_tower.parameters())
     assert sum(v.numel() for v in exported.program.state_dict.values()) <= vision
+
+
+def test_packed_image_tower_takes_positions_and_boundaries_computed_outside_the_graph(models):
+    parts = hfx.decompose(hfx.capture(zoo.inputs("qwen2_vl", batch=2, sequence=5), models("qwen2_vl")))
+    assert list(parts) == ["image_encoder", "embed_tokens", "language_model", "lm_head", "decode"]
+    encoder = parts["image_encoder"]
+    assert encoder.module is models("qwen2_vl").model.visual  # no projector child: the tower's merger projects
+    assert {"hidden_states", "grid_thw", "position_ids", "cu_seqlens"} <= set(encoder.kwargs)
+    how = parts.meta["encoder_inputs"]["image_encoder"]
+    assert how["names"] == {"hidden_states": "pixel_values", "grid_thw": "image_grid_thw"}
+    assert set(how["computed"]) == {"get_vision_position_ids", "get_vision_attention_seqlens"}
+    axes = encoder.dynamic_shapes.axes
+    assert axes["hidden_states"] == {0: "image_patches"} and axes["cu_seqlens"] == {0: "image_boundaries"}
+    assert parts["language_model"].kwargs["position_ids"].shape[0] == 4  # M-RoPE: text row + (t, h, w)

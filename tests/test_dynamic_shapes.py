@@ -54,9 +54,18 @@ def test_refine_applies_static_and_bound_fixes():
     assert refined.bounds == {"batch": (3, 16)}
 
 
-def test_refine_gives_up_on_derived_fixes():
+def test_refine_keeps_a_derived_dim_dynamic_with_the_guards_range():
     shapes = hfx.DynamicShapes(axes={"x": {0: "w"}}, bounds={"w": (1, None)})
-    assert refine(shapes, "Suggested fixes:\n  w = 2*_w\n") is None
+    message = ("Constraints violated (w)!\n  - Not all values of w = L['x'].size()[0] in the specified range satisfy "
+               "the generated guard 4 <= L['x'].size()[0] and L['x'].size()[0] <= 64\n"
+               "Suggested fixes:\n  _w = Dim('_w', min=1, max=16)\n  w = 4*_w\n")
+    refined = refine(shapes, message)
+    assert dict(refined.axes["x"]) == {0: "w"} and refined.bounds == {"w": (4, 64)}
+
+
+def test_refine_gives_up_without_a_fix_it_can_apply():
+    shapes = hfx.DynamicShapes(axes={"x": {0: "w"}}, bounds={"w": (1, None)})
+    assert refine(shapes, "Suggested fixes:\n  w = 2*_w\n") is None  # derived, but no guard states its range
     assert refine(shapes, "no fixes here") is None
 
 

@@ -8,7 +8,7 @@ import torch
 import hfx
 from hfx import zoo
 from hfx._generate import _initial_cache
-from tests.helpers import GENERATIVE_MODELS, NEW_TOKENS, eager_tokens
+from tests.helpers import GENERATIVE_MODELS, NEW_TOKENS, eager_tokens, packed_image_inputs
 
 
 def _distinct_tokens(ids: torch.Tensor) -> int:
@@ -112,3 +112,12 @@ def test_static_cache_is_updated_in_place_and_matches_eager(models):
     with torch.no_grad():
         expected = model.generate(**inputs, max_new_tokens=16, do_sample=False, generation_config=config)
     assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=16), expected)
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl"])
+def test_packed_image_models_match_eager_on_new_image_sizes(models, name):
+    model = models(name)
+    parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=5), model)))
+    for batch, text, grid in ((1, 4, (1, 4, 4)), (3, 7, (1, 4, 6)), (2, 3, (1, 2, 2))):  # new image sizes, left padding
+        inputs = packed_image_inputs(model.config, batch, text, grid)
+        assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=12), eager_tokens(model, inputs, 12))

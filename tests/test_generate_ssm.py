@@ -66,3 +66,12 @@ def test_export_does_not_write_into_the_captured_cache(models):
     before = (dict(layer.has_previous_state), dict(layer.conv_states), dict(layer.recurrent_states))
     hfx.export(parts["prefill"])
     assert (layer.has_previous_state, layer.conv_states, layer.recurrent_states) == before
+
+
+def test_mamba_prefill_has_no_loop_and_records_how_long_a_prompt_it_takes(generative):
+    from hfx.patches._ssm import DEFAULT_PREFIX_SCAN_LENGTH
+
+    _, parts = generative("mamba")  # a loop-free prefix scan: every runtime lowers it
+    prefill = parts["prefill"]
+    assert not [n for n in prefill.program.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)]
+    assert prefill.io.bounds["sequence"] == (1, DEFAULT_PREFIX_SCAN_LENGTH)  # hfx._io rejects a longer prompt

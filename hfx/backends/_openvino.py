@@ -61,6 +61,11 @@ class OvProgram:
         init=False, repr=False, default=attrs.Factory(lambda self: _compile(self), takes_self=True)
     )
 
+    # The positions in ``io.inputs`` of the model's inputs: OpenVINO drops an input the graph never reads.
+    _fed: tuple[int, ...] = attrs.field(
+        init=False, repr=False, default=attrs.Factory(lambda self: _fed_inputs(self.model, self.io), takes_self=True)
+    )
+
     def __call__(self, **kwargs: Any) -> Any:
         """Run the compiled model on ``kwargs`` (checked against ``io``)."""
         return call(self.io, self._run, kwargs, program=f"OvProgram({self.name})")
@@ -68,7 +73,7 @@ class OvProgram:
     def _run(self, flat: list[Any]) -> list[Any]:
         request = self._compiled.create_infer_request()
         try:
-            request.infer([_to_ov(tensor) for tensor in flat], share_inputs=True, share_outputs=True)
+            request.infer([_to_ov(flat[index]) for index in self._fed], share_inputs=True, share_outputs=True)
         except Exception as exc:  # OpenVINO's errors derive from Exception, not RuntimeError
             what = f"OpenVINO failed while running the compiled model: {_gist(exc)}."
             todo = "The inputs passed hfx's checks; please report this with the model and the input shapes."
@@ -76,6 +81,12 @@ class OvProgram:
             raise LoweringError(describe(f"OvProgram({self.name})", model, self.name, what, todo)) from exc
         # share_outputs: infer returns views of the request's memory; _to_torch makes the one copy.
         return [_to_torch(request.get_output_tensor(index)) for index in range(len(self._compiled.outputs))]
+
+
+def _fed_inputs(model: Any, io: IoSpec) -> tuple[int, ...]:
+    """The positions in ``io.inputs`` of ``model``'s inputs, by the names ``_name_ports`` gave them."""
+    position = {name: index for index, name in enumerate(io.input_names)}
+    return tuple(position[port.get_any_name()] for port in model.inputs)
 
 
 def _compile(program: OvProgram) -> Any:
@@ -174,9 +185,15 @@ def _convert(exported: Exported) -> Any:
     module.recompile()
     model = openvino.convert_model(TorchFXPythonDecoder(module, dynamic_shapes=True))
     _own_constants(model)
-    _name_ports(model, exported.io)
-    model.reshape({port: _partial_shape(spec, exported.io) for port, spec in zip(model.inputs, exported.io.inputs)})
+    read = [spec for spec, node in zip(exported.io.inputs, _placeholders(module)) if node.users]
+    inputs = read if len(read) == len(model.inputs) else list(exported.io.inputs)
+    _name_ports(model, exported.io, inputs)
+    model.reshape({port: _partial_shape(spec, exported.io) for port, spec in zip(model.inputs, inputs)})
     return model
+
+
+def _placeholders(module: Any) -> list[Any]:
+    return [node for node in module.graph.nodes if node.op == "placeholder"]
 
 
 def _decompositions() -> Any:
@@ -300,16 +317,19 @@ def _own_constants(model: Any) -> None:
         node.output(0).replace(copy.output(0))
 
 
-def _name_ports(model: Any, io: IoSpec) -> None:
-    """Name the model's inputs and outputs after ``io`` (``logits``, not ``linear_14:0``)."""
-    if len(model.inputs) != len(io.inputs) or len(model.outputs) != len(io.outputs):
+def _name_ports(model: Any, io: IoSpec, inputs: list[TensorSpec]) -> None:
+    """Name the model's inputs and outputs after ``io`` (``logits``, not ``linear_14:0``).
+
+    ``inputs``: the specs of the inputs the model kept (OpenVINO drops an input no operation reads).
+    """
+    if len(model.inputs) != len(inputs) or len(model.outputs) != len(io.outputs):
         msg = (
             f"the converted model has {len(model.inputs)} inputs and {len(model.outputs)} outputs, "
-            f"the exported program {len(io.inputs)} and {len(io.outputs)}"
+            f"the exported program {len(inputs)} and {len(io.outputs)}"
         )
         raise ValueError(msg)
-    for port, name in zip(model.inputs, io.input_names):
-        port.get_tensor().set_names({name})
+    for port, spec in zip(model.inputs, inputs):
+        port.get_tensor().set_names({spec.name})
     for port, name in zip(model.outputs, io.output_names):  # export names outputs apart from inputs (present.*)
         port.get_tensor().set_names({name})
 

@@ -37,6 +37,9 @@ def load_files(entry: dict[str, Any], directory: Path, *, name: str, io: IoSpec)
 
     from hfx._caches import registered_caches
 
+    from hfx._caches import classes_in_spec
+
+    classes_in_spec(io.out_spec)  # imports the output classes' modules: the program's spec names them
     with registered_caches():
         program = torch.export.load(directory / entry["files"][0])
     return Exported(

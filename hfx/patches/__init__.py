@@ -13,22 +13,27 @@ import functools
 import torch
 
 from hfx._caches import cache_classes, registered_caches
+from hfx.patches._arch import arch_patches, patch_position_interpolation
 from hfx.patches._core import Patch, swap_attr, swap_item, with_patches
 from hfx.patches._model import patch_attention_implementation, patch_eval_mode, preserve_module_state
 from hfx.patches._ssm import (
+    DEFAULT_PREFIX_SCAN_LENGTH,
     patch_linear_attention_conv_state,
     patch_mamba2_chunk_scan,
     patch_mamba_selective_scan,
+    prefix_selective_scan,
+    scanned_selective_scan,
     ssm_patches,
 )
 from hfx.patches._torch import patch_sdpa_fully_masked_rows
+from hfx.patches._vision import patch_conv3d_patch_embedding, patch_packed_vision_attention
 
 # Patches of torch itself that every export needs, whatever the model.
-TORCH_PATCHES: tuple[Patch, ...] = (patch_sdpa_fully_masked_rows,)
+TORCH_PATCHES: tuple[Patch, ...] = (patch_sdpa_fully_masked_rows, patch_conv3d_patch_embedding)
 
 
 def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
-    """Return the patches ``export`` enters for ``model``: caches as pytrees, model state kept, eval mode, exportable attention, torch fixes, SSM fixes.
+    """Return the patches ``export`` enters for ``model``: caches as pytrees, model state kept, eval mode, exportable attention, packed vision attention, torch fixes, SSM fixes, architecture fixes.
 
     Args:
         model: the user's model; the model patches are bound to it.
@@ -39,27 +44,35 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Example:
         >>> import torch
         >>> [getattr(p, "func", p).__name__ for p in default_patches(torch.nn.Linear(1, 1))]
-        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_sdpa_fully_masked_rows', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan']
+        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_position_interpolation']
     """
     bound = tuple(
         functools.partial(patch, model)
-        for patch in (preserve_module_state, patch_eval_mode, patch_attention_implementation)
+        for patch in (preserve_module_state, patch_eval_mode, patch_attention_implementation, patch_packed_vision_attention)
     )
-    return (functools.partial(registered_caches, cache_classes(model)), *bound, *TORCH_PATCHES, *ssm_patches(model))
+    return (functools.partial(registered_caches, cache_classes(model)), *bound, *TORCH_PATCHES, *ssm_patches(model),
+            *arch_patches(model))
 
 
 __all__ = [
+    "DEFAULT_PREFIX_SCAN_LENGTH",
     "TORCH_PATCHES",
     "Patch",
+    "arch_patches",
     "default_patches",
     "patch_attention_implementation",
+    "patch_conv3d_patch_embedding",
     "patch_eval_mode",
     "patch_linear_attention_conv_state",
     "patch_mamba2_chunk_scan",
     "patch_mamba_selective_scan",
+    "patch_packed_vision_attention",
+    "patch_position_interpolation",
     "patch_sdpa_fully_masked_rows",
+    "prefix_selective_scan",
     "preserve_module_state",
     "registered_caches",
+    "scanned_selective_scan",
     "ssm_patches",
     "swap_attr",
     "swap_item",

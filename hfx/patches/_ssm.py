@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -70,24 +70,81 @@ def patch_linear_attention_conv_state() -> Iterator[None]:
         yield
 
 
+# The loop-free selective scan works in chunks of ``_CHUNK`` time steps. A prefill exported with an unbounded
+# ``sequence`` takes prompts of up to ``DEFAULT_PREFIX_SCAN_LENGTH`` tokens (one more doubling step per
+# doubling of it); ``hfx.export(bounds={"sequence": (1, n)})`` sets another bound.
+_CHUNK = 16
+DEFAULT_PREFIX_SCAN_LENGTH = 4096
+
+
+def _discretized(
+    hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,  # noqa: N803
+    delta_bias: torch.Tensor | None, delta_softplus: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference's per-step decays and inputs ``[b, d, L, n]``, and ``C`` as ``[b, L, n]``, computed as it does."""
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(dt.dtype)[..., None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    discrete_A = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # noqa: N806
+    discrete_B = dt[:, :, :, None] * B.transpose(1, 2)[:, None, :, :].float()  # noqa: N806
+    return discrete_A, discrete_B * hidden_states[:, :, :, None].float(), C.transpose(1, 2)
+
+
+def _gated(
+    scan_output: torch.Tensor, hidden_states: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,  # noqa: N803
+) -> torch.Tensor:
+    """The reference's skip connection and gate, applied to the scan's ``[b, d, L]`` output."""
+    if D is not None:
+        scan_output = scan_output + hidden_states * D[None, :, None]
+    if z is not None:
+        scan_output = scan_output * F.silu(z)
+    return scan_output
+
+
+def _with_reference_signature(scan_of: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Callable[..., Any]:
+    """A ``mamba_selective_scan`` with transformers' signature around ``scan_of(decay, update, C, input_dtype)``.
+
+    ``scan_of`` returns the ``[b, d, L]`` scan output and the last state; the
+    discretisation before it and the skip connection and gate after it are the
+    reference's own steps.
+    """
+
+    def selective_scan(
+        hidden_states: torch.Tensor,
+        dt: torch.Tensor,
+        A: torch.Tensor,  # noqa: N803 - transformers' names
+        B: torch.Tensor,  # noqa: N803
+        C: torch.Tensor,  # noqa: N803
+        D: torch.Tensor | None = None,  # noqa: N803
+        z: torch.Tensor | None = None,
+        delta_bias: torch.Tensor | None = None,
+        delta_softplus: bool = False,
+        return_last_state: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        del kwargs  # use_mambapy / use_associative_scan: the reference ignores them while exporting
+        discrete_A, deltaB_u, C = _discretized(hidden_states, dt, A, B, C, delta_bias, delta_softplus)  # noqa: N806
+        scan_output, last_state = scan_of(discrete_A, deltaB_u, C, hidden_states.dtype)
+        scan_output = _gated(scan_output, hidden_states, D, z)
+        return (scan_output, last_state) if return_last_state else scan_output
+
+    selective_scan.__name__ = selective_scan.__qualname__ = scan_of.__name__
+    selective_scan.__doc__ = scan_of.__doc__
+    return selective_scan
+
+
+@_with_reference_signature
 def scanned_selective_scan(
-    hidden_states: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,  # noqa: N803 - transformers' names
-    B: torch.Tensor,  # noqa: N803
-    C: torch.Tensor,  # noqa: N803
-    D: torch.Tensor | None = None,  # noqa: N803
-    z: torch.Tensor | None = None,
-    delta_bias: torch.Tensor | None = None,
-    delta_softplus: bool = False,
-    return_last_state: bool = False,
-    **kwargs: Any,
-) -> Any:
+    discrete_A: torch.Tensor, deltaB_u: torch.Tensor, C: torch.Tensor, input_dtype: torch.dtype  # noqa: N803
+) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' reference ``mamba_selective_scan``, with its per-token Python loop as one ``scan`` op.
 
     Same arguments, same arithmetic step by step (the results are bitwise equal
     in eager torch); ``use_mambapy`` / ``use_associative_scan`` are ignored, as
-    the reference does while exporting without mambapy installed.
+    the reference does while exporting without mambapy installed. ONNX lowers
+    the op to ``Scan``; ExecuTorch 1.5.1 and OpenVINO 2026.4 cannot lower it
+    (see ``prefix_selective_scan``).
 
     Example:
         >>> b, d, n, length = 1, 2, 3, 4
@@ -98,18 +155,6 @@ def scanned_selective_scan(
     """
     from torch._higher_order_ops.scan import scan
 
-    del kwargs
-    input_dtype = hidden_states.dtype
-    if delta_bias is not None:
-        dt = dt + delta_bias.to(dt.dtype)[..., None]
-    if delta_softplus:
-        dt = F.softplus(dt)
-    B = B.transpose(1, 2)  # noqa: N806
-    C = C.transpose(1, 2)  # noqa: N806
-    discrete_A = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # noqa: N806
-    discrete_B = dt[:, :, :, None] * B[:, None, :, :].float()  # noqa: N806
-    deltaB_u = discrete_B * hidden_states[:, :, :, None].float()  # noqa: N806
-
     def step(state: torch.Tensor, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         decay, update, c = xs
         state = decay * state + update
@@ -118,15 +163,98 @@ def scanned_selective_scan(
     # The reference starts from zeros of the input dtype, promoted to float32 by the first step; the
     # scan's carry keeps one dtype, so it starts from the promoted zeros (the same values).
     dtype = torch.promote_types(torch.promote_types(discrete_A.dtype, input_dtype), deltaB_u.dtype)
-    batch, channels = hidden_states.shape[:2]
-    initial = torch.zeros(batch, channels, A.shape[-1], dtype=dtype, device=hidden_states.device)
+    initial = discrete_A.new_zeros(discrete_A.shape[:2] + discrete_A.shape[3:], dtype=dtype)
     last_state, outputs = scan(step, initial, (discrete_A.permute(2, 0, 1, 3), deltaB_u.permute(2, 0, 1, 3), C.transpose(0, 1)))
-    scan_output = outputs.permute(1, 2, 0)
-    if D is not None:
-        scan_output = scan_output + hidden_states * D[None, :, None]
-    if z is not None:
-        scan_output = scan_output * F.silu(z)
-    return (scan_output, last_state) if return_last_state else scan_output
+    return outputs.permute(1, 2, 0), last_state
+
+
+def _shifted(x: torch.Tensor, offset: int, fill: float) -> torch.Tensor:
+    """``x`` moved ``offset`` steps later along time (dim 2), ``fill`` in front; the same length."""
+    return F.pad(x, (0, 0, offset, 0), value=fill)[:, :, : x.shape[2]]
+
+
+def _prefix_combined(
+    decay: torch.Tensor, update: torch.Tensor, *, span: int, restart: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inclusive scan of ``state_t = decay_t * state_{t-1} + update_t`` along dim 2 by doubling (Hillis-Steele).
+
+    Each step combines a time step with the one ``offset`` earlier, for
+    ``offset = 1, 2, 4 … < span``; ``restart`` (``[L]`` positions within a
+    chunk) stops the combination at chunk starts. Returns the decay products
+    and the states from a zero start.
+    """
+    offset = 1
+    while offset < span:
+        earlier_decay, earlier_update = _shifted(decay, offset, 1.0), _shifted(update, offset, 0.0)
+        if restart is not None:
+            same_chunk = (restart >= offset)[:, None]
+            earlier_decay = torch.where(same_chunk, earlier_decay, 1.0)
+            earlier_update = torch.where(same_chunk, earlier_update, 0.0)
+        update = decay * earlier_update + update
+        decay = decay * earlier_decay
+        offset *= 2
+    return decay, update
+
+
+def _longest(length: int | torch.SymInt) -> int:
+    """The largest value ``length`` takes: itself in eager, its export bound, else ``DEFAULT_PREFIX_SCAN_LENGTH``."""
+    if not isinstance(length, torch.SymInt):
+        return int(length)
+    upper = length.node.shape_env.bound_sympy(length.node.expr).upper
+    if not getattr(upper, "is_Integer", False):  # int_oo: the export did not bound the prompt
+        torch._check(length <= DEFAULT_PREFIX_SCAN_LENGTH)  # noqa: SLF001 - the doubling steps cover this many
+        return DEFAULT_PREFIX_SCAN_LENGTH
+    return int(upper)
+
+
+def _prefix_states(decay: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """Every state ``[b, d, L, n]`` of the recurrence from a zero start, without a loop over ``L``.
+
+    Within chunks of ``_CHUNK`` steps, then across the chunk ends (a tensor
+    ``_CHUNK`` times smaller), then each step's local state plus its decay times
+    the state the previous chunks left: ``log2(_CHUNK)`` passes over the full
+    tensor, and ``log2(longest / _CHUNK)`` over the chunk ends.
+    """
+    length = decay.shape[2]
+    chunks = -(-_longest(length) // _CHUNK)  # the last chunk's carry combines the ends of all earlier ones
+    position = torch.arange(length, device=decay.device)
+    decay, update = _prefix_combined(decay, update, span=_CHUNK, restart=position % _CHUNK)
+    # The last step of each chunk, taken from ``L + 2 * _CHUNK`` steps (identities at the end): always at
+    # least two ends, as torch.export specialises a length that may be 1 (``numel() < 2`` in is_contiguous);
+    # ``index_select``, as a strided slice's view guards on being contiguous too.
+    ends = torch.arange(length // _CHUNK + 2, device=decay.device) * _CHUNK + (_CHUNK - 1)
+    end_decay = F.pad(decay, (0, 0, 0, 2 * _CHUNK), value=1.0).index_select(2, ends)
+    end_update = F.pad(update, (0, 0, 0, 2 * _CHUNK)).index_select(2, ends)
+    _, end_states = _prefix_combined(end_decay, end_update, span=chunks)
+    carried = F.pad(end_states, (0, 0, 1, 0)).index_select(2, position // _CHUNK)
+    return update + decay * carried
+
+
+@_with_reference_signature
+def prefix_selective_scan(
+    discrete_A: torch.Tensor, deltaB_u: torch.Tensor, C: torch.Tensor, input_dtype: torch.dtype  # noqa: N803
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' reference ``mamba_selective_scan`` as a loop-free parallel prefix scan (plain aten ops).
+
+    The same recurrence ``h_t = exp(A dt_t) h_{t-1} + dt_t B_t x_t``,
+    ``y_t = C_t . h_t``, summed in another order: within chunks of 16 steps by
+    doubling, then across chunk ends (see ``_prefix_states``). The graph has no
+    loop and no higher-order op, so ExecuTorch (XNNPACK) and OpenVINO lower it
+    with a dynamic prompt length. The number of doubling steps follows the
+    export's bound on the prompt length; an unbounded prompt gets
+    ``DEFAULT_PREFIX_SCAN_LENGTH`` (4096), which the export then records.
+    Results equal the reference to float rounding (~1e-6 relative), not bitwise. Memory: about six ``[b, d, L, n]`` float32
+    tensors, where the reference keeps two.
+
+    Example:
+        >>> b, d, n, length = 1, 2, 3, 40
+        >>> args = (torch.ones(b, d, length), torch.ones(b, d, length), -torch.ones(d, n),
+        ...         torch.ones(b, n, length), torch.ones(b, n, length))
+        >>> torch.allclose(prefix_selective_scan(*args), scanned_selective_scan(*args))
+        True
+    """
+    states = _prefix_states(discrete_A, deltaB_u)
+    return (states.to(input_dtype) * C[:, None]).sum(-1), states[:, :, -1]
 
 
 def _modules_defining(model: torch.nn.Module, name: str) -> list[ModuleType]:
@@ -140,21 +268,31 @@ def _modules_defining(model: torch.nn.Module, name: str) -> list[ModuleType]:
 
 
 @contextlib.contextmanager
-def patch_mamba_selective_scan(model: torch.nn.Module) -> Iterator[None]:
-    """Swap the per-token Python loop of Mamba's selective scan for a ``scan`` op, in ``model``'s modeling modules.
+def patch_mamba_selective_scan(
+    model: torch.nn.Module, *, selective_scan: Callable[..., Any] = prefix_selective_scan
+) -> Iterator[None]:
+    """Swap the per-token Python loop of Mamba's selective scan for ``selective_scan``, in ``model``'s modeling modules.
 
     transformers' reference ``mamba_selective_scan`` (5.x, ``modeling_mamba.py``
     ``for index in range(seq_len)``, copied into Jamba, FalconMamba and Zamba)
     unrolls over the prompt, so ``torch.export`` specialises ``sequence`` to the
-    traced length (``Eq(sequence, 5)``). ``scanned_selective_scan`` computes the
-    same steps inside ``torch.ops.higher_order.scan``, which exports with a
-    dynamic length and lowers to ONNX ``Scan``. Delete when transformers' torch
-    path stops looping in Python while exporting (its ``associative_scan``
-    branch is disabled under ``torch.export``).
+    traced length (``Eq(sequence, 5)``). The default, ``prefix_selective_scan``,
+    computes the recurrence as a loop-free parallel prefix scan that every hfx
+    runtime lowers with a dynamic length (to float rounding of the reference);
+    ``scanned_selective_scan`` keeps the reference's arithmetic bitwise in one
+    ``torch.ops.higher_order.scan`` op, which only the torch program and ONNX
+    (``Scan``) lower: ExecuTorch 1.5.1 fails in its edge passes, OpenVINO 2026.4
+    has no conversion for ``scan``. Delete when transformers' torch path stops
+    looping in Python while exporting (its ``associative_scan`` branch is
+    disabled under ``torch.export``).
+
+    Args:
+        model: the model whose modeling modules define ``mamba_selective_scan``.
+        selective_scan: the function swapped in (same signature as transformers').
     """
     with contextlib.ExitStack() as stack:
         for source in _modules_defining(model, "mamba_selective_scan"):
-            stack.enter_context(swap_attr(source, "mamba_selective_scan", scanned_selective_scan))
+            stack.enter_context(swap_attr(source, "mamba_selective_scan", selective_scan))
         yield
 
 

@@ -76,4 +76,5 @@ def test_attention_switch_leaves_sdpa_and_eager_alone():
 
 def test_default_patches_is_a_plain_tuple():
     patches = default_patches(torch.nn.Linear(1, 1))
-    assert isinstance(patches, tuple) and len(patches) == 8
+    names = [getattr(p, "func", p).__name__ for p in patches]
+    assert isinstance(patches, tuple) and all(callable(p) for p in patches) and len(set(names)) == len(names)

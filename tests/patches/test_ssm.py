@@ -18,7 +18,7 @@ from hfx.patches import (
     ssm_patches,
     with_patches,
 )
-from hfx.patches._ssm import scanned_selective_scan
+from hfx.patches._ssm import DEFAULT_PREFIX_SCAN_LENGTH, prefix_selective_scan, scanned_selective_scan
 
 KERNEL = 4
 
@@ -128,8 +128,35 @@ def test_scanned_selective_scan_is_bitwise_the_reference(length):
     assert torch.equal(scanned_state, reference_state)
 
 
+@pytest.mark.parametrize("length", [1, 5, 16, 17, 40, 300])  # within one chunk of 16, at its edge, across several
+def test_prefix_selective_scan_is_the_reference_to_rounding(length):
+    args, kwargs = _selective_scan_inputs(length)
+    reference, reference_state = modeling_mamba.mamba_selective_scan(*args, **kwargs)
+    output, state = prefix_selective_scan(*args, **kwargs)
+    torch.testing.assert_close(output, reference, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state, reference_state, rtol=1e-5, atol=1e-5)
+
+
+def test_prefix_selective_scan_exports_without_loops_and_bounds_the_length():
+    class Scan(torch.nn.Module):
+        def forward(self, hidden_states, dt, A, B, C):  # noqa: N803
+            return prefix_selective_scan(hidden_states, dt, A, B, C)
+
+    args, _ = _selective_scan_inputs(7)
+    length = torch.export.Dim("length", max=DEFAULT_PREFIX_SCAN_LENGTH)
+    program = torch.export.export(Scan(), args, dynamic_shapes=({2: length}, {2: length}, None, {2: length}, {2: length}))
+    assert not [n for n in program.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)]
+    new_args, _ = _selective_scan_inputs(40)  # another length, across three chunks
+    torch.testing.assert_close(program.module()(*new_args), modeling_mamba.mamba_selective_scan(*new_args), rtol=1e-5, atol=1e-5)
+    unbounded = torch.export.Dim("unbounded")  # the doubling steps cover DEFAULT_PREFIX_SCAN_LENGTH; export says so
+    with pytest.raises(torch._dynamo.exc.UserError, match=f"max={DEFAULT_PREFIX_SCAN_LENGTH}"):
+        torch.export.export(Scan(), args, dynamic_shapes=({2: unbounded}, {2: unbounded}, None, {2: unbounded}, {2: unbounded}))
+
+
 def test_selective_scan_active_inside(mamba):
     with patch_mamba_selective_scan(mamba):
+        assert modeling_mamba.mamba_selective_scan is prefix_selective_scan
+    with patch_mamba_selective_scan(mamba, selective_scan=scanned_selective_scan):
         assert modeling_mamba.mamba_selective_scan is scanned_selective_scan
 
 
@@ -210,5 +237,5 @@ def test_ssm_patches_are_a_plain_tuple_of_zero_argument_patches(mamba):
     patches = ssm_patches(mamba)
     assert isinstance(patches, tuple) and len(patches) == 3
     with with_patches(*patches):
-        assert modeling_mamba.mamba_selective_scan is scanned_selective_scan
-    assert vars(modeling_mamba)["mamba_selective_scan"] is not scanned_selective_scan
+        assert modeling_mamba.mamba_selective_scan is prefix_selective_scan
+    assert vars(modeling_mamba)["mamba_selective_scan"] is not prefix_selective_scan

@@ -1,0 +1,63 @@
+"""Position ids for each generate step, as transformers' ``generate()`` computes them.
+
+Text models count the unpadded tokens (``mask.cumsum - 1``). Models with
+multimodal rotary positions (Qwen2-VL's M-RoPE: ``[sections, batch, sequence]``)
+give an image's tokens temporal / height / width positions, which the model's
+own ``get_rope_index`` computes in Python from the image grids; that method
+reads only the model's config, so it runs on a weightless copy of the model
+built on the ``meta`` device from the config ``decompose`` saved.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+
+def text_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids from a 2D mask, as generate computes them (left padding starts at 0)."""
+    positions = mask.long().cumsum(-1) - 1
+    return positions.masked_fill(mask == 0, 0)
+
+
+@functools.lru_cache(maxsize=4)
+def _weightless(class_name: str, config_json: str) -> torch.nn.Module:
+    """The model class built from its config on the ``meta`` device: its methods, no weights."""
+    import transformers
+
+    cls = getattr(transformers, class_name)
+    config = cls.config_class.from_dict(json.loads(config_json))
+    with torch.device("meta"):
+        return cls(config)
+
+
+def prompt_positions(meta: Mapping[str, Any], sections: int, inputs: Mapping[str, Any], mask: torch.Tensor) -> torch.Tensor:
+    """The prompt's M-RoPE position ids, ``[sections, batch, sequence]`` (text row first when ``sections`` is 4).
+
+    Without image or video grids every section holds the text positions, as in transformers.
+    """
+    text = text_positions(mask)
+    grids = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw") if inputs.get(k) is not None}
+    if grids and inputs.get("mm_token_type_ids") is not None:
+        model = _weightless(meta["model_class"], json.dumps(meta["config"], sort_keys=True))
+        base = getattr(model, "model", model)
+        rope, _ = base.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
+                                      attention_mask=mask, **grids)
+    else:
+        rope = text[None].expand(3, -1, -1)
+    return torch.cat([text[None], rope], dim=0) if sections == 4 else rope
+
+
+def next_positions(previous: torch.Tensor, count: int = 1) -> torch.Tensor:
+    """The positions of the next ``count`` tokens: one past the previous step's last, on every section.
+
+    Example:
+        >>> next_positions(torch.tensor([[[0, 1, 2]], [[0, 1, 1]]])).tolist()
+        [[[3]], [[2]]]
+    """
+    last = previous[..., -1:]
+    return last + torch.arange(1, count + 1, dtype=previous.dtype)

@@ -1,0 +1,139 @@
+"""Patches for vision towers that take every image's patches packed in one sequence (Qwen2-VL pattern)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from hfx.patches._core import swap_attr
+
+
+def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None = None, *, cu_seq_lens_q: torch.Tensor, scaling: float | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention over packed images in one call: each position attends to the positions of its own image.
+
+    ``cu_seq_lens_q`` holds the images' boundaries (``[0, n0, n0 + n1, …]``);
+    the mask it gives is block-diagonal. Returns ``[batch, sequence, heads, dim]``,
+    as the attention functions of transformers do.
+
+    Example:
+        >>> q = torch.randn(1, 2, 5, 4)
+        >>> out, _ = packed_attention(None, q, q, q, cu_seq_lens_q=torch.tensor([0, 3, 5]))
+        >>> first, _ = packed_attention(None, q[:, :, :3], q[:, :, :3], q[:, :, :3], cu_seq_lens_q=torch.tensor([0, 3]))
+        >>> torch.allclose(out[:, :3], first, atol=1e-6)
+        True
+    """
+    del module, attention_mask, kwargs
+    position = torch.arange(query.shape[2], device=query.device)
+    # Compared with every boundary, 0 included: the boundary count is >= 2, so broadcasting never asks whether it is 1.
+    image = (position[:, None] >= cu_seq_lens_q[None, :]).sum(-1)
+    same_image = image[:, None] == image[None, :]
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=same_image[None, None], scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+class _PackedWhereBounded:
+    """Stands in for ``ALL_ATTENTION_FUNCTIONS``: packed attention for calls that pass image boundaries."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+
+    def get_interface(self, implementation: str, default: Any) -> Any:
+        """The registry's function, with calls that pass ``cu_seq_lens_q`` sent to ``packed_attention``."""
+        inner = self.registry.get_interface(implementation, default)
+
+        def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+            if kwargs.get("cu_seq_lens_q") is not None:
+                return packed_attention(module, query, key, value, attention_mask, **kwargs)
+            return inner(module, query, key, value, attention_mask, **kwargs)
+
+        return attention
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.registry, name)
+
+
+def _packed_towers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Submodules whose forward derives packed-image boundaries with ``get_vision_attention_seqlens``."""
+    found, seen = [], set()
+    for module in model.modules():
+        cls = type(module)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        namespace = vars(sys.modules[cls.__module__])
+        if "get_vision_attention_seqlens" not in namespace or "forward" not in vars(cls):
+            continue
+        with contextlib.suppress(OSError, TypeError):
+            if "get_vision_attention_seqlens(" in inspect.getsource(cls.forward):
+                found.extend(m for m in model.modules() if type(m) is cls)
+    return found
+
+
+@contextlib.contextmanager
+def patch_packed_vision_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Run the attention of packed-image vision towers as one masked call instead of a Python loop over images.
+
+    Qwen2-VL-style towers (``get_vision_attention_seqlens``; Qwen2-VL,
+    Qwen2.5-VL …) split the packed sequence per image with
+    ``torch.split(…, lengths.tolist())`` unless flash attention is requested,
+    which fixes the number and sizes of images in a graph. Within the block,
+    their modeling module sees flash attention requested for the towers'
+    configs only, and the flash call (which carries ``cu_seq_lens_q``) runs
+    ``packed_attention``: sdpa with a block-diagonal mask, the same result for
+    any images. Other attention calls are unchanged.
+    """
+    towers = _packed_towers(model)
+    configs = {id(tower.config) for tower in towers if hasattr(tower, "config")}
+    namespaces = {sys.modules[type(tower).__module__] for tower in towers}
+    with contextlib.ExitStack() as stack:
+        for namespace in namespaces:
+            requested = vars(namespace).get("is_flash_attention_requested")
+            registry = vars(namespace).get("ALL_ATTENTION_FUNCTIONS")
+            if requested is None or registry is None:
+                continue
+
+            def flash_for_towers(config: Any = None, *args: Any, _original: Any = requested, **kwargs: Any) -> bool:
+                return id(config) in configs or _original(config, *args, **kwargs)
+
+            stack.enter_context(swap_attr(namespace, "is_flash_attention_requested", flash_for_towers))
+            stack.enter_context(swap_attr(namespace, "ALL_ATTENTION_FUNCTIONS", _PackedWhereBounded(registry)))
+        yield
+
+
+def _patchwise(forward: Any) -> Any:
+    """Wrap ``Conv3d.forward``: a kernel that covers the whole input, stride = kernel, is one matmul per patch."""
+
+    def conv3d_forward(self: torch.nn.Conv3d, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - torch's name
+        covers = tuple(input.shape[-3:]) == tuple(self.kernel_size) == tuple(self.stride)
+        plain = self.groups == 1 and set(self.dilation) == {1} and self.padding in ((0, 0, 0), "valid")
+        if not (covers and plain):
+            return forward(self, input)
+        flat = input.reshape(input.shape[0], -1)
+        out = torch.nn.functional.linear(flat, self.weight.reshape(self.out_channels, -1), self.bias)
+        return out.reshape(input.shape[0], self.out_channels, 1, 1, 1)
+
+    conv3d_forward.__wrapped__ = forward  # type: ignore[attr-defined]
+    return conv3d_forward
+
+
+@contextlib.contextmanager
+def patch_conv3d_patch_embedding() -> Iterator[None]:
+    """Run a ``Conv3d`` whose kernel covers its whole input (a video-patch embedding) as a linear layer.
+
+    Qwen2-VL-style towers embed each ``(t, p, p)`` patch with a ``Conv3d``
+    whose kernel and stride equal the patch. ExecuTorch 1.5.1's portable
+    convolution takes 3-D or 4-D inputs only (``op_convolution.cpp``: "Expect
+    input tensor to be 3-D or 4-D, but got, 5"), and XNNPACK has no 3-D
+    convolution; as one matmul per patch the graph runs everywhere, with the
+    same values. Other convolutions are unchanged.
+    """
+    with swap_attr(torch.nn.Conv3d, "forward", _patchwise(torch.nn.Conv3d.forward)):
+        yield
