@@ -1,0 +1,173 @@
+"""One cell of the coverage table: export one zoo architecture with one tool to one runtime and check it.
+
+Run by ``benchmarks/coverage.py`` in a subprocess per cell (``--cell arch,runtime,kind,tool``), so that a crash,
+a hang or leaked global state in one cell cannot touch another. Only this module imports the peer
+(``transformers.exporters``); hfx itself never does.
+
+A cell returns a JSON-ready dict: ``status`` (``pass`` / ``fail`` / ``n/a``), ``reason`` (exception type and
+first line, or what differed), ``export_s`` (capture + export + lowering), ``max_diff`` (forward cells) and
+``tokens_match`` (generation cells).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import hfx
+from hfx import zoo
+
+RUNTIMES = ("torch", "onnx", "pte", "ov")
+KINDS = ("forward", "generation")
+TOOLS = ("hfx", "peer")
+
+CAPTURE = {"batch": 2, "sequence": 7}
+NEW_SHAPE = {"batch": 3, "sequence": 11}
+PROMPT = {"batch": 2, "sequence": 9}
+NEW_TOKENS = 8
+ATOL = 1e-4
+
+# runtime -> the hfx lowering (torch: the Exported program itself runs)
+HFX_LOWERINGS: dict[str, Callable[[Any], Any]] = {
+    "torch": lambda exported: exported,
+    "onnx": lambda exported: hfx.lower_to_onnx(exported),
+    "pte": lambda exported: hfx.lower_to_pte(exported),
+    "ov": lambda exported: hfx.lower_to_ov(exported),
+}
+
+# runtime -> (peer exporter class, peer config class) names in transformers.exporters
+PEER_CLASSES = {
+    "torch": ("DynamoExporter", "DynamoConfig"),
+    "onnx": ("OnnxExporter", "OnnxConfig"),
+    "pte": ("ExecutorchExporter", "ExecutorchConfig"),
+    "ov": ("OpenVINOExporter", "OpenVINOConfig"),
+}
+
+
+def reason_of(exc: BaseException) -> str:
+    """``Type: first line`` of an exception (its cause's when the message is empty), at most 160 characters."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    if not first and exc.__cause__ is not None:
+        return reason_of(exc.__cause__)
+    return f"{type(exc).__name__}: {first}"[:160]
+
+
+def _timed(build: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    value = build()
+    return value, time.perf_counter() - start
+
+
+def _forward_result(report: hfx.Report, seconds: float) -> dict[str, Any]:
+    worst = max(report.diffs, key=lambda d: d.max_abs, default=None)
+    result = {"status": "pass" if report.passed else "fail", "export_s": round(seconds, 2),
+              "max_diff": report.max_abs}
+    if not report.passed and worst is not None:
+        how = "shape differs or missing" if worst.max_abs == float("inf") else f"max abs {worst.max_abs:.1e}"
+        first = report.diffs[0]
+        result["reason"] = f"parity: {worst.name} {how} ({first.name} max abs {first.max_abs:.0e})"
+    return result
+
+
+def hfx_forward(arch: str, runtime: str) -> dict[str, Any]:
+    """Export the forward at the capture shape, lower it, compare with eager at a new batch and sequence length."""
+    model = zoo.build(arch)
+    program, seconds = _timed(
+        lambda: HFX_LOWERINGS[runtime](hfx.export(hfx.capture(zoo.forward_inputs(arch, **CAPTURE), model)))
+    )
+    report = hfx.verify(program, model, zoo.forward_inputs(arch, **NEW_SHAPE), atol=ATOL)
+    return _forward_result(report, seconds)
+
+
+def _eager_tokens(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(**copy.deepcopy(inputs), max_new_tokens=NEW_TOKENS, do_sample=False)
+
+
+def _token_result(got: torch.Tensor, want: torch.Tensor, seconds: float) -> dict[str, Any]:
+    match = got.shape == want.shape and torch.equal(got, want)
+    result = {"status": "pass" if match else "fail", "export_s": round(seconds, 2), "tokens_match": match}
+    if not match:
+        result["reason"] = f"tokens differ: got {got.tolist()[0][-NEW_TOKENS:]} want {want.tolist()[0][-NEW_TOKENS:]}"
+    return result
+
+
+def hfx_generation(arch: str, runtime: str) -> dict[str, Any]:
+    """``decompose`` + export + lower, then ``hfx.generate`` greedy tokens against eager ``generate`` (left-padded)."""
+    model = zoo.build(arch)
+    programs, seconds = _timed(
+        lambda: HFX_LOWERINGS[runtime](hfx.export(hfx.decompose(hfx.capture(zoo.inputs(arch, **CAPTURE), model))))
+    )
+    prompt = zoo.inputs(arch, **PROMPT)
+    got = hfx.generate(programs, **copy.deepcopy(prompt), max_new_tokens=NEW_TOKENS)
+    return _token_result(got, _eager_tokens(model, prompt), seconds)
+
+
+class _PeerProgram:
+    """The peer's single-graph ``ExportedModel`` seen through ``hfx.verify``'s program interface."""
+
+    class io:  # noqa: N801 - mirrors the ``program.io.constants`` that verify reads
+        constants: dict[str, Any] = {}
+
+    def __init__(self, exported: Any) -> None:
+        self.exported = exported
+        self.name = "peer"
+
+    def __call__(self, **inputs: Any) -> Any:
+        return self.exported(**copy.deepcopy(inputs))
+
+
+def _peer(runtime: str) -> tuple[Any, Any]:
+    import transformers.exporters as peer
+
+    exporter, config = PEER_CLASSES[runtime]
+    return getattr(peer, exporter)(), getattr(peer, config)(dynamic=True)
+
+
+def peer_forward(arch: str, runtime: str) -> dict[str, Any]:
+    """The peer's ``export`` with ``dynamic=True`` (its documented default), run and compared like hfx's."""
+    exporter, config = _peer(runtime)
+    model = zoo.build(arch)
+    # The peer casts the sample inputs in place, so it gets its own copy.
+    exported, seconds = _timed(lambda: exporter.export(model, zoo.forward_inputs(arch, **CAPTURE), config))
+    report = hfx.verify(_PeerProgram(exported), model, zoo.forward_inputs(arch, **NEW_SHAPE), atol=ATOL)
+    return _forward_result(report, seconds)
+
+
+def peer_generation(arch: str, runtime: str) -> dict[str, Any]:
+    """The peer's ``export_for_generation``: it exports the components but has no loop that generates with them."""
+    exporter, config = _peer(runtime)
+    model = zoo.build(arch)
+    exported, seconds = _timed(lambda: exporter.export_for_generation(model, zoo.inputs(arch, **CAPTURE), config))
+    return {"status": "n/a", "export_s": round(seconds, 2),
+            "reason": f"no generation loop; exported {', '.join(exported.components)}"}
+
+
+CELLS: dict[tuple[str, str], Callable[[str, str], dict[str, Any]]] = {
+    ("hfx", "forward"): hfx_forward,
+    ("hfx", "generation"): hfx_generation,
+    ("peer", "forward"): peer_forward,
+    ("peer", "generation"): peer_generation,
+}
+
+
+def run_cell(arch: str, runtime: str, kind: str, tool: str) -> dict[str, Any]:
+    """Run one cell; an exception becomes a ``fail`` with its reason (``n/a`` for a peer generation export)."""
+    if runtime not in RUNTIMES or kind not in KINDS or tool not in TOOLS:
+        msg = f"unknown cell {arch},{runtime},{kind},{tool}; runtimes {RUNTIMES}, kinds {KINDS}, tools {TOOLS}"
+        raise ValueError(msg)
+    torch.set_num_threads(1)  # a shared machine: one core per cell, so parallel cells do not fight
+    start = time.perf_counter()
+    try:
+        result = CELLS[tool, kind](arch, runtime)
+    except Exception as exc:  # noqa: BLE001 - a cell reports any failure as data
+        status = "n/a" if (tool, kind) == ("peer", "generation") else "fail"
+        prefix = "no generation loop; export_for_generation failed: " if status == "n/a" else ""
+        result = {"status": status, "reason": prefix + reason_of(exc)}
+    result["wall_s"] = round(time.perf_counter() - start, 2)
+    return result

@@ -1,0 +1,167 @@
+"""Coverage of the hfx zoo on every runtime, side by side with the peer (transformers.exporters).
+
+    python benchmarks/coverage.py [--only llama,gemma2] [--runtimes torch,onnx,pte,ov] [--kinds forward,generation]
+                                  [--tools hfx,peer] [--jobs 1] [--timeout 600] [--force]
+    python benchmarks/coverage.py --report          # only rewrite docs/coverage.md from the JSON
+    python benchmarks/coverage.py --cell gemma2,onnx,forward,hfx   # one cell, printed as JSON
+
+Each cell (architecture x runtime x {forward, generation} x {hfx, peer}) runs in its own subprocess with a
+timeout. Results accumulate in ``benchmarks/results/coverage.json`` (a cell already there is skipped unless
+``--force``), so a run can be stopped, resumed and filtered; ``docs/coverage.md`` is rewritten after every cell.
+
+Forward: export at batch 2 x sequence 7, compare with eager at batch 3 x sequence 11 (atol 1e-4). Generation:
+``decompose`` + export + lower, then ``hfx.generate`` must give eager ``generate``'s greedy tokens (8 new tokens,
+batch 2, left padding). The peer has no generation loop over its graphs; its generation cells record whether
+``export_for_generation`` exports, as ``n/a``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import _coverage_cells as cells  # noqa: E402
+from benchmarks._coverage_report import write_report  # noqa: E402
+from hfx import zoo  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "coverage.json"
+REPORT = ROOT / "docs" / "coverage.md"
+
+
+def cell_key(arch: str, runtime: str, kind: str, tool: str) -> str:
+    """The JSON key of one cell."""
+    return f"{arch},{runtime},{kind},{tool}"
+
+
+def planned_cells(archs: list[str], runtimes: list[str], kinds: list[str], tools: list[str]) -> list[str]:
+    """Every applicable cell, hfx before peer, forward before generation (no generation for non-generative archs)."""
+    return [
+        cell_key(arch, runtime, kind, tool)
+        for tool in tools
+        for kind in kinds
+        for arch in archs
+        for runtime in runtimes
+        if kind == "forward" or zoo.entry(arch).generative
+    ]
+
+
+def load_results(path: Path = RESULTS) -> dict[str, Any]:
+    """The accumulated results, or an empty record."""
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"cells": {}, "runs": []}
+
+
+def save_results(results: dict[str, Any], path: Path = RESULTS) -> None:
+    """Write the results through a temporary file, so an interrupted run never leaves half a JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
+        json.dump(results, handle, indent=1, sort_keys=True)
+    os.replace(handle.name, path)
+
+
+def run_in_subprocess(key: str, timeout: float) -> dict[str, Any]:
+    """Run one cell in a fresh interpreter; a timeout or a crash becomes a ``fail`` with that reason."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--cell", key]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"status": "fail", "reason": f"timeout after {timeout:g} s", "wall_s": round(timeout, 1)}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:160]
+    return {"status": "fail", "reason": f"crash (exit {done.returncode}): {tail}",
+            "wall_s": round(time.perf_counter() - start, 1)}
+
+
+def machine() -> dict[str, Any]:
+    """The machine and package versions a run used."""
+    import importlib.metadata as md
+
+    versions = {}
+    for package in ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "openvino"):
+        try:
+            versions[package] = md.version(package)
+        except md.PackageNotFoundError:
+            versions[package] = "not installed"
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
+            "versions": versions}
+
+
+@contextlib.contextmanager
+def _locked_results() -> Iterator[dict[str, Any]]:
+    """The results under an exclusive lock, saved on exit: runs started side by side never drop each other's cells."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results = load_results()
+        yield results
+        save_results(results)
+        write_report(results, REPORT)
+
+
+def run(keys: list[str], *, jobs: int, timeout: float) -> None:
+    """Run ``keys`` (``jobs`` at a time), saving the JSON and rewriting the report after each cell."""
+    with _locked_results() as results:
+        results["runs"].append({"command": " ".join(["python", "benchmarks/coverage.py", *sys.argv[1:]]),
+                                "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine()})
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_in_subprocess, key, timeout): key for key in keys}
+        for future in concurrent.futures.as_completed(futures):
+            key, outcome = futures[future], future.result()
+            with _locked_results() as results:
+                results["cells"][key] = {**outcome, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+            print(f"{key:<40} {outcome['status']:<5} {outcome.get('wall_s', '')}s {outcome.get('reason', '')}",
+                  flush=True)
+
+
+def _names(value: str | None, default: tuple[str, ...]) -> list[str]:
+    return list(default) if not value else value.split(",")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cell", help="run one cell arch,runtime,kind,tool in this process and print its JSON")
+    parser.add_argument("--only", help="comma-separated architectures (default: the whole zoo)")
+    parser.add_argument("--runtimes", help=f"comma-separated, from {','.join(cells.RUNTIMES)}")
+    parser.add_argument("--kinds", help=f"comma-separated, from {','.join(cells.KINDS)}")
+    parser.add_argument("--tools", help=f"comma-separated, from {','.join(cells.TOOLS)}")
+    parser.add_argument("--jobs", type=int, default=1, help="cells run at the same time")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
+    parser.add_argument("--force", action="store_true", help="rerun cells that already have a result")
+    parser.add_argument("--report", action="store_true", help="only rewrite docs/coverage.md from the JSON")
+    args = parser.parse_args()
+
+    if args.cell:
+        print(json.dumps(cells.run_cell(*args.cell.split(","))), flush=True)
+        return
+    if args.report:
+        write_report(load_results(), REPORT)
+        return
+    keys = planned_cells(_names(args.only, tuple(zoo.ENTRIES)), _names(args.runtimes, cells.RUNTIMES),
+                         _names(args.kinds, cells.KINDS), _names(args.tools, cells.TOOLS))
+    done = load_results()["cells"]
+    todo = [key for key in keys if args.force or key not in done]
+    print(f"{len(todo)} cells to run ({len(keys) - len(todo)} already done)", flush=True)
+    run(todo, jobs=args.jobs, timeout=args.timeout)
+
+
+if __name__ == "__main__":
+    main()
