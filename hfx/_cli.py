@@ -1,133 +1,147 @@
-"""The ``hfx`` command line: ``hfx export [MODEL] --to pt2,onnx,pte,ov --out DIR``."""
+"""The ``hfx`` command line: argument parsing and dispatch (``export``, ``inspect``, ``run``, ``zoo``).
+
+Exit codes: 0 success; 1 the command ran and something failed (a check, an
+export, a run); 2 it could not run as asked (a bad argument, a missing model,
+directory or runtime package).
+"""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import logging
+import os
 import sys
-import time
-import warnings
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
+import traceback
+from collections.abc import Callable, Sequence
+from typing import IO
 
-RUNTIMES = ("pt2", "onnx", "pte", "ov")
-_EXIT_FAILED_CHECK = 1
-_EXIT_ERROR = 2
+from hfx._cli_common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, RUNTIMES, UsageError
+
+_EXAMPLES = """examples:
+  hfx export --to onnx --out llama-export          # the built-in tiny Llama, verified and saved
+  hfx export t5 --to onnx,ov --generation          # encoder, prefill and decode graphs, tokens checked
+  hfx export ./my-model --task text-generation --generation --static-cache 64
+  hfx inspect llama-export
+  hfx run llama-export --runtime onnx --input-ids 1,2,3 --max-new-tokens 5
+  hfx zoo
+"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hfx", description="Export Hugging Face models to torch.export, ONNX, ExecuTorch and OpenVINO.")
+    from hfx._cli_export import CAPTURE_SHAPE, CHECK_SHAPE, DEFAULT_ATOL, QUANTIZATIONS
+    from hfx._load_model import DTYPES, TASKS
+
+    parser = argparse.ArgumentParser(
+        prog="hfx", description="Export Hugging Face models to torch.export, ONNX, ExecuTorch and OpenVINO.",
+        epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--verbose", action="store_true", help="show upstream warnings and full tracebacks")
-    commands = parser.add_subparsers(dest="command", required=True)
-    export = commands.add_parser("export", parents=[common], help="export a model, verify each runtime against eager, save")
-    export.add_argument("model", nargs="?", default=None, help="hfx.zoo name, save_pretrained directory or hub id (default: the built-in tiny Llama)")
-    export.add_argument("--to", default=",".join(RUNTIMES), help=f"comma-separated runtimes among {','.join(RUNTIMES)} (default: all)")
-    export.add_argument("--out", default="hfx-export", help="directory to save into, one subdirectory per runtime (default: ./hfx-export)")
-    export.add_argument("--atol", type=float, default=1e-4, help="largest max-abs difference from eager that passes (default: 1e-4)")
+    common.add_argument("--verbose", action="store_true", help="show upstream output and warnings, and full tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{export,inspect,run,zoo}")
+
+    export = commands.add_parser("export", parents=[common], help="export a model, verify each runtime against eager, save",
+                                 description="Export MODEL once with torch.export, lower it to each runtime, verify every "
+                                 f"graph against eager PyTorch on inputs of a new shape (batch {CHECK_SHAPE[0]}, sequence "
+                                 f"{CHECK_SHAPE[1]}; captured at batch {CAPTURE_SHAPE[0]}, sequence {CAPTURE_SHAPE[1]}), "
+                                 "save, and print a table. Exits 1 when a check fails.")
+    export.add_argument("model", nargs="?", default=None,
+                        help="a hfx.zoo name (see `hfx zoo`), a save_pretrained directory or a hub id (default: the tiny Llama)")
+    export.add_argument("--to", default=",".join(RUNTIMES), metavar="RUNTIMES",
+                        help=f"comma-separated runtimes among {','.join(RUNTIMES)} (default: all)")
+    export.add_argument("--out", default="hfx-export", metavar="DIR",
+                        help="directory to save into, one subdirectory per runtime (default: ./hfx-export)")
+    export.add_argument("--task", choices=sorted(TASKS), metavar="TASK",
+                        help=f"which Auto class loads MODEL: {', '.join(TASKS)} (default: from its config or zoo entry)")
+    export.add_argument("--generation", action="store_true",
+                        help="decompose into the graphs generate() runs (encoder, prefill, decode), verify each, and "
+                        "check greedy hfx.generate against eager model.generate")
+    export.add_argument("--multi-token-decode", action="store_true",
+                        help="with --generation: one decode graph that takes 1..N new tokens (no separate prefill)")
+    export.add_argument("--static-cache", type=int, metavar="N", help="with --generation: a static KV cache of N positions")
+    export.add_argument("--opset", type=int, help="ONNX opset (default: 18)")
+    export.add_argument("--dtype", choices=list(DTYPES), default="float32", help="load the model in this dtype (default: float32)")
+    atols = ", ".join(f"{k} {v:g}" for k, v in DEFAULT_ATOL.items())
+    export.add_argument("--atol", type=float, help=f"largest max-abs difference from eager that passes (default by dtype: {atols})")
+    export.add_argument("--quantize", choices=list(QUANTIZATIONS),
+                        help="int8: pte 8da8w, onnx dynamic, ov int8; int4: pte 8da4w, ov int4 (no onnx). Compare with a larger --atol")
+
+    inspect = commands.add_parser("inspect", parents=[common], help="show what a saved export holds",
+                                  description="Show a saved export's components, runtimes, files and sizes, inputs and "
+                                  "outputs with their named dynamic axes and bounds, and the versions it was made with.")
+    inspect.add_argument("dir", help="a directory written by `hfx export --out DIR` (or one runtime's subdirectory, or hfx.save)")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    run = commands.add_parser("run", parents=[common], help="generate with saved programs",
+                              description="Generate with the programs of `hfx export --generation` on one runtime.")
+    run.add_argument("dir", help="a directory written by `hfx export --generation --out DIR`")
+    run.add_argument("--runtime", choices=list(RUNTIMES), help="which saved runtime to run (default: the first saved)")
+    prompt = run.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="text, tokenized with the tokenizer saved with the export")
+    prompt.add_argument("--input-ids", metavar="IDS", help="comma-separated token ids, e.g. 1,2,3")
+    run.add_argument("--max-new-tokens", type=int, default=20, help="how many tokens to generate (default: 20)")
+    run.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    run.add_argument("--seed", type=int, help="seed for --do-sample (same seed, same tokens)")
+
     commands.add_parser("zoo", parents=[common], help="list the built-in architectures")
     return parser
 
 
-@contextlib.contextmanager
-def _quiet(verbose: bool) -> Iterator[None]:
-    """Keep upstream warnings, logs and prints away from the user unless ``--verbose``."""
-    if verbose:
-        yield
-        return
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        previous = logging.root.manager.disable
-        logging.disable(logging.WARNING)
-        try:
-            yield
-        finally:
-            logging.disable(previous)
+def _commands() -> dict[str, Callable[[argparse.Namespace, IO[str]], int]]:
+    from hfx._cli_export import run_export
+    from hfx._cli_inspect import run_inspect
+    from hfx._cli_run import run_generate, run_zoo
 
-
-def _lowering(runtime: str) -> Any:
-    import hfx
-
-    if runtime == "pt2":
-        return lambda exported: exported
-    return getattr(hfx, {"onnx": "lower_to_onnx", "pte": "lower_to_pte", "ov": "lower_to_ov"}[runtime])
-
-
-def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _export(args: argparse.Namespace) -> int:
-    import hfx
-    from hfx._load_model import example_inputs, load_model
-
-    runtimes = [r.strip() for r in args.to.split(",") if r.strip()]
-    unknown = sorted(set(runtimes) - set(RUNTIMES))
-    if unknown:
-        print(f"hfx export: unknown runtime(s) {unknown}; choose among {', '.join(RUNTIMES)}.", file=sys.stderr)
-        return _EXIT_ERROR
-    out = Path(args.out)
-    _say(f"loading {args.model or 'the built-in tiny Llama (random weights)'}")
-    with _quiet(args.verbose):
-        model, zoo_name = load_model(args.model)
-        capture_inputs = example_inputs(model, zoo_name, batch=2, sequence=7)
-        check_inputs = example_inputs(model, zoo_name, batch=3, sequence=11)
-    _say(f"exporting {type(model).__name__} with torch.export")
-    started = time.perf_counter()
-    with _quiet(args.verbose):
-        exported = hfx.export(hfx.capture(capture_inputs, model))
-    export_seconds = time.perf_counter() - started
-    rows = []
-    for runtime in runtimes:
-        _say(f"lowering to {runtime}")
-        started = time.perf_counter()
-        with _quiet(args.verbose):
-            program = _lowering(runtime)(exported)
-            seconds = time.perf_counter() - started + (export_seconds if runtime == "pt2" else 0.0)
-            report = hfx.verify(program, model, check_inputs, atol=args.atol)
-            path = hfx.save(program, out / runtime, overwrite=True)
-        rows.append((runtime, report, _size(path), seconds, path))
-    _print_table(rows, export_seconds, args.atol)
-    return 0 if all(r[1].passed for r in rows) else _EXIT_FAILED_CHECK
-
-
-def _say(message: str) -> None:
-    print(f"hfx: {message} ...", file=sys.stderr, flush=True)
-
-
-def _print_table(rows: Sequence[tuple[str, Any, int, float, Path]], export_seconds: float, atol: float) -> None:
-    print(f"\ntorch.export: {export_seconds:.1f} s; verified on new inputs (batch 3, sequence 11) against eager, atol {atol:g}\n")
-    header = f"{'runtime':<8} {'check':<5} {'max abs diff':>12} {'size':>10} {'seconds':>8}  saved to"
-    print(header)
-    print("-" * len(header))
-    for runtime, report, size, seconds, path in rows:
-        status = "pass" if report.passed else "FAIL"
-        print(f"{runtime:<8} {status:<5} {report.max_abs:>12.2e} {size / 1e6:>8.2f}MB {seconds:>8.1f}  {path}")
-
-
-def _zoo(args: argparse.Namespace) -> int:
-    del args
-    from hfx import zoo
-
-    for name, entry in zoo.ENTRIES.items():
-        print(f"{name:<12} {entry.family:<10} {entry.auto_class}")
-    return 0
+    return {"export": run_export, "inspect": run_inspect, "run": run_generate, "zoo": run_zoo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 1 a check failed, 2 an error)."""
-    args = _parser().parse_args(argv)
-    command = {"export": _export, "zoo": _zoo}[args.command]
+    """Run the command line and return its exit code.
+
+    Args:
+        argv: the arguments after ``hfx`` (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 on success, 1 when a check or an export failed, 2 for a bad argument or a missing model or package.
+
+    Example:
+        >>> main(["zoo"])  # doctest: +ELLIPSIS
+        name ... generates
+        ...
+        llama ... AutoModelForCausalLM ... yes
+        ...
+        0
+    """
+    from hfx._progress import progress_stream
+
     try:
-        return command(args)
-    except Exception as exc:
-        if args.verbose:
-            raise
-        print(f"hfx {args.command}: {exc}\n(run with --verbose for the full traceback)", file=sys.stderr)
-        return _EXIT_ERROR
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage and the error (or the help)
+        return int(exc.code or 0)
+    stream = progress_stream()
+    try:
+        return _commands()[args.command](args, stream)
+    except BrokenPipeError:  # `hfx zoo | head`: the reader left; nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the final flush at exit does not fail again
+        return EXIT_OK
+    except KeyboardInterrupt:
+        print(f"\nhfx {args.command}: interrupted.", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:  # noqa: BLE001  every failure becomes one paragraph (the traceback with --verbose)
+        return _report(exc, args)
+    finally:
+        if stream is not sys.stderr:
+            stream.close()
+
+
+def _report(exc: Exception, args: argparse.Namespace) -> int:
+    """Print ``exc`` as one paragraph (and its traceback with ``--verbose``); return the exit code."""
+    usage = isinstance(exc, (UsageError, ImportError, FileNotFoundError))
+    if args.verbose:
+        traceback.print_exc()
+    message = str(exc).strip() or type(exc).__name__
+    paragraph = message.split("\n")[0] if not args.verbose else message
+    kind = "" if usage or isinstance(exc, OSError) else f"{type(exc).__name__}: "
+    hint = "" if args.verbose or usage else " (run with --verbose for the upstream output and the traceback)"
+    print(f"hfx {args.command}: {kind}{paragraph}{hint}", file=sys.stderr)
+    return EXIT_USAGE if usage else EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -1,42 +1,135 @@
-"""The hfx command line, run in a subprocess as a user would."""
+"""The hfx command line end to end, run in a subprocess as a user would.
+
+One ``hfx export --generation`` of a tiny Llama saved with ``save_pretrained``
+(and a tokenizer) is shared by every test in this module: they read its table,
+its progress output, and run ``hfx inspect`` and ``hfx run`` on what it saved.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+from hfx import zoo
+from hfx._cli import main
 
-def _hfx(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hfx", *args], capture_output=True, text=True, timeout=timeout)
+# Every stderr line hfx writes itself: progress steps and its own one-paragraph messages.
+_HFX_STDERR = ("  done ", "  failed ", "  ... ", "hfx ")
 
 
-def test_export_verifies_and_saves_each_runtime(tmp_path):
+def hfx_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m hfx *args`` with one thread (the test machine's cores are shared)."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "hfx", *args], capture_output=True, text=True, timeout=timeout,
+                          env=environment)
+
+
+def upstream_noise(stderr: str) -> list[str]:
+    """The stderr lines hfx did not write (upstream warnings, logs, native prints)."""
+    return [line for line in stderr.splitlines() if line.strip() and not line.startswith(_HFX_STDERR)]
+
+
+def _word_tokenizer():
+    """A word-level tokenizer over the tiny Llama's 256 ids (``w4`` is id 4), built without a download."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    vocab = {**{token: i for i, token in enumerate(specials)}, **{f"w{i}": i for i in range(4, 256)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def llama_export(tmp_path_factory):
+    """``(result, out dir)`` of ``hfx export DIR --to onnx --generation`` on a saved tiny Llama with a tokenizer."""
     pytest.importorskip("onnxruntime")
-    result = _hfx("export", "--to", "pt2,onnx", "--out", str(tmp_path))
+    root = tmp_path_factory.mktemp("cli")
+    zoo.build("llama").save_pretrained(root / "llama")
+    _word_tokenizer().save_pretrained(root / "llama")
+    result = hfx_cli("export", str(root / "llama"), "--to", "onnx", "--generation", "--out", str(root / "out"))
+    return result, root / "out"
+
+
+def test_export_verifies_each_component_and_the_tokens(llama_export):
+    result, out = llama_export
     assert result.returncode == 0, result.stderr
-    assert "pt2      pass" in result.stdout and "onnx     pass" in result.stdout
-    assert "Traceback" not in result.stderr and "Warning" not in result.stdout
-    manifest = json.loads((tmp_path / "onnx" / "hfx.json").read_text())
-    assert manifest["components"]["model"]["runtime"] == "onnx"
+    rows = {tuple(line.split()[:3]) for line in result.stdout.splitlines()}
+    assert {("onnx", "prefill", "pass"), ("onnx", "decode", "pass"), ("onnx", "generate", "pass")} <= rows
+    assert "batch 3, sequence 11" in result.stdout
+    manifest = json.loads((out / "onnx" / "hfx.json").read_text())
+    assert list(manifest["components"]) == ["prefill", "decode"] and manifest["processor"] == "processor"
 
 
-def test_a_failed_check_exits_non_zero(tmp_path):
-    result = _hfx("export", "--to", "pt2", "--atol", "-1", "--out", str(tmp_path))
-    assert result.returncode == 1
-    assert "FAIL" in result.stdout
+def test_export_shows_progress_per_component_and_no_upstream_output(llama_export):
+    result, _ = llama_export
+    assert "  done   onnx: lower decode" in result.stderr and "  done   torch.export prefill" in result.stderr
+    assert upstream_noise(result.stderr) == []
+    assert "Traceback" not in result.stderr + result.stdout
 
 
-def test_bad_arguments_give_one_paragraph_and_no_traceback(tmp_path):
-    result = _hfx("export", "no-such-model-dir", "--out", str(tmp_path))
-    assert result.returncode == 2
-    assert "no-such-model-dir" in result.stderr and "Traceback" not in result.stderr
-    result = _hfx("export", "--to", "tflite", "--out", str(tmp_path))
-    assert result.returncode == 2 and "unknown runtime" in result.stderr
+def test_inspect_shows_components_axes_bounds_and_versions(llama_export, capsys):
+    _, out = llama_export
+    result = hfx_cli("inspect", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "component 'decode' (onnx, opset 18)" in result.stdout
+    assert "past_sequence in [1, 255]" in result.stdout and "batch in [1, inf)" in result.stdout
+    assert "transformers 5.23.0" in result.stdout and "tokenizer/processor: processor/" in result.stdout
+    assert main(["inspect", str(out / "onnx"), "--json"]) == 0  # in-process: the same code, without a second start-up
+    described = json.loads(capsys.readouterr().out)["onnx"]
+    decode = described["components"]["decode"]
+    assert decode["inputs"][0] == {"name": "input_ids", "dtype": "int64", "shape": ["batch", 1]}
+    assert decode["size"] == sum(p.stat().st_size for p in (out / "onnx").glob("decode.onnx*"))
+    assert described["generation"]["model_class"] == "LlamaForCausalLM"
+
+
+def test_run_generates_from_a_prompt_with_the_saved_tokenizer(llama_export):
+    import hfx
+
+    _, out = llama_export
+    result = hfx_cli("run", str(out), "--prompt", "w10 w11 w12", "--max-new-tokens", "4")
+    assert result.returncode == 0, result.stderr
+    programs = hfx.load(out / "onnx")
+    encoded = programs.processor("w10 w11 w12", return_tensors="pt")
+    expected = hfx.generate(programs, input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"],
+                            max_new_tokens=4)
+    assert result.stdout.strip() == programs.processor.decode(expected[0], skip_special_tokens=True)
+    assert result.stdout.startswith("w10 w11 w12")
+
+
+def test_run_samples_like_hfx_generate_with_the_same_seed(llama_export):
+    import torch
+
+    import hfx
+
+    _, out = llama_export
+    result = hfx_cli("run", str(out), "--runtime", "onnx", "--input-ids", "5,6", "--do-sample", "--seed", "7",
+                     "--max-new-tokens", "6")
+    ids = torch.tensor([[5, 6]])
+    expected = hfx.generate(hfx.load(out / "onnx"), input_ids=ids, attention_mask=torch.ones_like(ids),
+                            max_new_tokens=6, do_sample=True, seed=7)
+    assert result.stdout.strip() == ",".join(map(str, expected[0].tolist()))
+
+
+def test_a_failed_check_exits_1_and_the_table_says_fail(tmp_path):
+    pytest.importorskip("onnxruntime")
+    result = hfx_cli("export", "bert", "--to", "onnx", "--atol", "0", "--out", str(tmp_path))
+    assert result.returncode == 1, result.stderr
+    assert any(line.split()[:3] == ["onnx", "model", "FAIL"] for line in result.stdout.splitlines())
+    assert "1 check(s) failed: onnx model" in result.stdout
+    assert (tmp_path / "onnx" / "hfx.json").is_file()  # saved anyway, to inspect
+    assert upstream_noise(result.stderr) == []
 
 
 def test_zoo_lists_the_builtin_models():
-    result = _hfx("zoo")
-    assert result.returncode == 0 and "llama" in result.stdout and "whisper" in result.stdout
+    result = hfx_cli("zoo")
+    assert result.returncode == 0
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[2:]}
+    assert rows.keys() == set(zoo.ENTRIES)
+    assert rows["whisper"] == ["encoder-decoder", "AutoModelForSpeechSeq2Seq", "yes"]
