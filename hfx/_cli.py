@@ -60,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--dtype", choices=list(DTYPES), default="float32", help="load the model in this dtype (default: float32)")
     atols = ", ".join(f"{k} {v:g}" for k, v in DEFAULT_ATOL.items())
     export.add_argument("--atol", type=float, help=f"largest max-abs difference from eager that passes (default by dtype: {atols})")
+    export.add_argument("--rtol", type=float, default=1e-4,
+                        help="plus rtol x the output's largest eager magnitude (default: 1e-4; 0 for --atol alone)")
     export.add_argument("--quantize", choices=list(QUANTIZATIONS),
                         help="int8: pte 8da8w, onnx dynamic, ov int8; int4: pte 8da4w, ov int4 (no onnx). Compare with a larger --atol")
 

@@ -189,7 +189,7 @@ def _runtime_rows(runtime: str, programs: dict[str, Any], seconds: dict[str, flo
     from hfx._records import Components
 
     reports = {name: quiet_step(stream, args, f"{runtime}: verify {name}",
-                           lambda p=program, n=name: hfx.verify(p, *subject.checks[n], atol=atol))
+                           lambda p=program, n=name: hfx.verify(p, *subject.checks[n], atol=atol, rtol=args.rtol))
                for name, program in programs.items()}
     bundle = Components(items=programs, meta=subject.captures.meta) if args.generation else programs["model"]
     path = quiet_step(stream, args, f"{runtime}: save to {Path(args.out) / runtime}",
@@ -259,7 +259,7 @@ def _summary(model: Any, atol: float, args: argparse.Namespace) -> str:
     batch, sequence = CHECK_SHAPE
     quantized = f", quantized {args.quantize}" if args.quantize else ""
     return (f"\n{type(model).__name__} ({args.dtype}{quantized}) checked against eager on new inputs "
-            f"(batch {batch}, sequence {sequence}), atol {atol:g}. seconds: torch.export for pt2, lowering for the others.\n")
+            f"(batch {batch}, sequence {sequence}), atol {atol:g} + rtol {args.rtol:g} x |eager|. seconds: torch.export for pt2, lowering for the others.\n")
 
 
 def _timed(work: Callable[[], Any]) -> tuple[Any, float]:

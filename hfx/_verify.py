@@ -22,14 +22,20 @@ class OutputDiff:
     shape: tuple[int, ...]
     max_abs: float
     max_rel: float
+    scale: float = 0.0  # the largest magnitude of the eager output (what ``rtol`` scales)
 
 
 @attrs.frozen(kw_only=True)
 class Report:
-    """Per-output differences between a program and the eager model, and whether they are within ``atol``."""
+    """Per-output differences between a program and the eager model, and whether they are within tolerance.
+
+    An output passes when its largest absolute difference is at most
+    ``atol + rtol * scale``, ``scale`` being the output's largest eager magnitude.
+    """
 
     program: str
     atol: float
+    rtol: float = 0.0
     diffs: tuple[OutputDiff, ...] = attrs.field(converter=tuple)
 
     @property
@@ -39,11 +45,12 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        """Whether every output is within ``atol`` of eager (NaN fails)."""
-        return all(d.max_abs <= self.atol for d in self.diffs)
+        """Whether every output is within ``atol + rtol * scale`` of eager (NaN fails)."""
+        return all(d.max_abs <= self.atol + self.rtol * d.scale for d in self.diffs)
 
     def __str__(self) -> str:
-        rows = [f"{self.program}: {'PASS' if self.passed else 'FAIL'} (atol {self.atol:g})"]
+        tolerance = f"atol {self.atol:g}" + (f", rtol {self.rtol:g}" if self.rtol else "")
+        rows = [f"{self.program}: {'PASS' if self.passed else 'FAIL'} ({tolerance})"]
         rows += [f"  {d.name:<28} {str(list(d.shape)):<18} max abs {d.max_abs:.3e}  max rel {d.max_rel:.3e}" for d in self.diffs]
         return "\n".join(rows)
 
@@ -57,11 +64,14 @@ def _diff(name: str, got: torch.Tensor, want: torch.Tensor) -> OutputDiff:
     delta = (got - want).abs()
     rel = delta / want.abs().clamp_min(1e-6)
     max_abs = float(delta.max()) if not delta.isnan().any() else float("nan")
-    return OutputDiff(name=name, shape=tuple(want.shape), max_abs=max_abs, max_rel=float(rel.max()))
+    return OutputDiff(name=name, shape=tuple(want.shape), max_abs=max_abs, max_rel=float(rel.max()),
+                      scale=float(want.abs().max()))
 
 
 @curry
-def verify(program: Any, model: torch.nn.Module, inputs: Mapping[str, Any], /, *, atol: float = 1e-4) -> Report:
+def verify(
+    program: Any, model: torch.nn.Module, inputs: Mapping[str, Any], /, *, atol: float = 1e-4, rtol: float = 0.0
+) -> Report:
     """Compare ``program(**inputs)`` with ``model(**inputs)`` output by output.
 
     Use inputs of another batch size and sequence length than the capture to
@@ -75,6 +85,8 @@ def verify(program: Any, model: torch.nn.Module, inputs: Mapping[str, Any], /, *
         model: the eager model the program was exported from.
         inputs: keyword arguments for both.
         atol: the largest absolute difference that passes.
+        rtol: adds ``rtol`` times each output's largest eager magnitude to ``atol``
+            (logits of a real model are large: their float32 noise grows with them).
 
     Returns:
         A ``Report`` (``Components`` of them for ``Components``).
@@ -87,7 +99,7 @@ def verify(program: Any, model: torch.nn.Module, inputs: Mapping[str, Any], /, *
         True
     """
     if isinstance(program, Components):
-        return Components(items={k: verify(p, model, inputs[k], atol=atol) for k, p in program.items()})
+        return Components(items={k: verify(p, model, inputs[k], atol=atol, rtol=rtol) for k, p in program.items()})
     got = program(**copy.deepcopy(dict(inputs)))  # a static cache is written in place (io.updates)
     want = eager_outputs(model, {**copy.deepcopy(dict(inputs)), **program.io.constants})
     got_leaves = dict(named_leaves({"": got}))
@@ -99,7 +111,7 @@ def verify(program: Any, model: torch.nn.Module, inputs: Mapping[str, Any], /, *
     missing = [n for n, t in named_leaves({"": want}) if isinstance(t, torch.Tensor) and n not in got_leaves]
     diffs += [OutputDiff(name=n.removeprefix("."), shape=(), max_abs=float("inf"), max_rel=float("inf")) for n in missing]
     label = f"{type(program).__name__}({getattr(program, 'name', 'model')})"
-    return Report(program=label, atol=atol, diffs=diffs)
+    return Report(program=label, atol=atol, rtol=rtol, diffs=diffs)
 
 
 def eager_outputs(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> Any:

@@ -119,7 +119,7 @@ def test_run_samples_like_hfx_generate_with_the_same_seed(llama_export):
 
 def test_a_failed_check_exits_1_and_the_table_says_fail(tmp_path):
     pytest.importorskip("onnxruntime")
-    result = hfx_cli("export", "bert", "--to", "onnx", "--atol", "0", "--out", str(tmp_path))
+    result = hfx_cli("export", "bert", "--to", "onnx", "--atol", "0", "--rtol", "0", "--out", str(tmp_path))
     assert result.returncode == 1, result.stderr
     assert any(line.split()[:3] == ["onnx", "model", "FAIL"] for line in result.stdout.splitlines())
     assert "1 check(s) failed: onnx model" in result.stdout

@@ -21,6 +21,13 @@ def test_a_difference_beyond_atol_fails():
     assert not report.passed and "FAIL" in str(report)
 
 
+def test_rtol_scales_with_the_outputs_magnitude():
+    diff = OutputDiff(name="logits", shape=(1,), max_abs=1.2e-4, max_rel=1e-6, scale=360.0)
+    assert not Report(program="p", atol=1e-4, diffs=[diff]).passed
+    assert Report(program="p", atol=1e-4, rtol=1e-6, diffs=[diff]).passed  # 1e-4 + 3.6e-4
+    assert "rtol 1e-06" in str(Report(program="p", atol=1e-4, rtol=1e-6, diffs=[diff]))
+
+
 def test_nan_fails():
     report = Report(program="p", atol=1e-4, diffs=[OutputDiff(name="x", shape=(1,), max_abs=float("nan"), max_rel=0.0)])
     assert not report.passed
