@@ -330,8 +330,9 @@ def _encoder_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any],
 def _part_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any]) -> Capture:
     """A multimodal prefill part's capture, with the axes of inputs no shape rule knows by name."""
     capture = Capture(module=module, source=module, kwargs=kwargs, name=name)
-    if name in ("embed_tokens", "lm_head"):  # ``input``: token ids, or the hidden states of the kept positions
-        return attrs.evolve(capture, dynamic_shapes=declared_shapes(capture, {"input": {0: "batch", 1: "sequence"}}))
+    if name in ("embed_tokens", "lm_head"):  # one input: token ids, or the hidden states of the kept positions
+        key = next(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+        return attrs.evolve(capture, dynamic_shapes=declared_shapes(capture, {key: {0: "batch", 1: "sequence"}}))
     if name.endswith("projector"):  # the selected features of each image (or every image's tokens in a row)
         modality = name.removesuffix("projector").rstrip("_") or "image"
         tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.ndim}

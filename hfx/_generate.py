@@ -163,8 +163,7 @@ def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> dict[s
         encoder = programs[name]
         encoded = _encode_in_chunks(encoder, _encoder_inputs(encoder, programs.meta.get("encoder_inputs", {}).get(name), state))
         if projectors.get(modality) in programs:
-            projector = programs[projectors[modality]]
-            encoded = projector(**{input_keys(projector.io)[0]: encoded})
+            encoded = _call_on(programs[projectors[modality]], encoded)
         features[modality] = encoded
     if features and "language_model" not in programs:
         state["mm_encoder_outputs"] = features
@@ -207,14 +206,19 @@ def _split_prefill(programs: Components, state: dict[str, Any], features: Mappin
     in order, as the model's forward does (``masked_scatter``).
     """
     ids = state["input_ids"]
-    embeds = programs["embed_tokens"](input=ids)
+    embeds = _call_on(programs["embed_tokens"], ids)
     for modality, encoded in features.items():
         placeholder = (ids == programs.meta["placeholder_tokens"][modality])[..., None].expand_as(embeds)
         embeds = embeds.masked_scatter(placeholder, _feature_rows(encoded).to(embeds.dtype))
     language_model = programs["language_model"]
     outputs = language_model(**_step_inputs(language_model, "language_model", {**state, "inputs_embeds": embeds}))
-    logits = programs["lm_head"](input=outputs.last_hidden_state[:, -1:])
+    logits = _call_on(programs["lm_head"], outputs.last_hidden_state[:, -1:])
     return SimpleNamespace(logits=logits, **{cache_key: getattr(outputs, cache_key)})
+
+
+def _call_on(program: Any, tensor: torch.Tensor) -> Any:
+    """Run a one-input program (an embedding, a head) on ``tensor``, whatever its input is called."""
+    return program(**{input_keys(program.io)[0]: tensor})
 
 
 def _encode_in_chunks(encoder: Any, inputs: dict[str, Any]) -> Any:
