@@ -104,6 +104,13 @@ def _flatten(classes: frozenset[type], obj: Any) -> tuple[list[Any], Any]:
     children = tuple(k for k, v in state.items() if _holds_nodes(v, classes))
     batch = tuple(k for k in state if k in _BATCH_ATTRIBUTES and k not in children)
     static = tuple((k, _copied(v)) for k, v in state.items() if k not in children and k not in batch)
+    symbolic = [k for k, v in static if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))]
+    if symbolic:
+        # The context is the graph's fixed structure: a size-dependent Python value there would be baked in.
+        msg = (f"cache attribute {symbolic[0]!r} of {type(obj).__name__} is a Python number computed from an input "
+               f"size ({state[symbolic[0]]}); a cache's non-tensor attributes must not change between calls. "
+               "Patch the layer so the attribute stays constant (see hfx.patches.patch_sliding_window_cache).")
+        raise TypeError(msg)
     return [state[k] for k in children], _Context(children, static, batch)
 
 

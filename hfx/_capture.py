@@ -8,18 +8,24 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import torch
 from toolz import curry
 
 from hfx._errors import InputError, describe
 from hfx._records import Capture, DynamicShapes
+from hfx._vision_inputs import packed_input_axes, precomputed_input_names
 
 # Keyword arguments that transformers' forward wrappers accept without naming them in the signature.
 _WRAPPER_KWARGS = frozenset({"return_dict", "output_attentions", "output_hidden_states", "use_cache"})
 
 
 def accepted_inputs(model: torch.nn.Module) -> frozenset[str] | None:
-    """Return the keyword arguments ``model.forward`` accepts, or ``None`` when it takes any."""
+    """Return the keyword arguments ``model.forward`` accepts, or ``None`` when it takes any.
+
+    Besides its declared ones, a packed-image model's forward takes its
+    towers' precomputed inputs (``image_cu_seqlens`` …, see ``hfx.vision_inputs``).
+    """
     params = inspect.signature(model.forward).parameters.values()
     names = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     for p in params:
@@ -27,7 +33,7 @@ def accepted_inputs(model: torch.nn.Module) -> frozenset[str] | None:
             typed = _typed_kwargs(p.annotation)
             if typed is None:
                 return None
-            names |= typed | _WRAPPER_KWARGS
+            names |= typed | _WRAPPER_KWARGS | precomputed_input_names(model)
     return frozenset(names)
 
 
@@ -89,10 +95,26 @@ def capture(
         msg = f"capture: inputs must be a mapping of forward() keyword arguments, got {type(inputs).__name__}"
         raise TypeError(msg)
     check_inputs(model, inputs, stage="capture", name=name)
-    return Capture(
-        module=model,
-        source=model,
-        kwargs=copy.deepcopy(dict(inputs)),
-        dynamic_shapes=dynamic_shapes,
-        name=name,
-    )
+    captured = Capture(module=model, source=model, kwargs=copy.deepcopy(dict(inputs)), name=name)
+    if dynamic_shapes is None:
+        dynamic_shapes = _packed_image_shapes(captured)
+    return attrs.evolve(captured, dynamic_shapes=dynamic_shapes)
+
+
+def _packed_image_shapes(captured: Capture) -> DynamicShapes | None:
+    """The inferred shapes with the packed-image inputs' axes named (patches, images, boundaries); ``None`` without them.
+
+    No name rule tells a packed model's ``pixel_values`` (``[patches, features]``)
+    or its towers' precomputed inputs apart from per-prompt tensors.
+    """
+    from hfx._dynamic_shapes import declared_shapes, infer_dynamic_shapes
+
+    packed = packed_input_axes(captured.source, captured.kwargs)
+    if not packed:
+        return None
+    inferred = infer_dynamic_shapes(captured)
+    axes = {**inferred.axes, **packed}
+    shapes = declared_shapes(captured, axes)
+    # A list of boundaries holds at least two (one image, one window).
+    bounds = {d: (2, None) if d.endswith("boundaries") else inferred.bounds.get(d, b) for d, b in shapes.bounds.items()}
+    return attrs.evolve(shapes, bounds=bounds)

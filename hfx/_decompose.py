@@ -23,7 +23,7 @@ from hfx._errors import CaptureError, describe
 from hfx._multimodal import FeatureEncoder, feature_methods, features_only, placeholder_tokens, projectors
 from hfx._vision_inputs import recording_vision_inputs
 from hfx._records import Capture, Components, DynamicShapes
-from hfx.patches import preserve_module_state
+from hfx.patches import patch_sliding_window_cache, preserve_module_state
 
 _MIN_PAST = 2  # a decode captured with a past of 0 or 1 would specialise that axis
 
@@ -144,6 +144,7 @@ def _generate_calls(model: torch.nn.Module, inputs: Mapping[str, Any], steps: in
         options["generation_config"] = generation_config
     with contextlib.ExitStack() as stack:
         stack.enter_context(preserve_module_state(model))
+        stack.enter_context(patch_sliding_window_cache())  # record the calls the exported graphs take
         stack.enter_context(_recording(model, calls))
         if encoder is not None:
             stack.enter_context(_recording(encoder, encoder_calls.setdefault("encoder", [])))
@@ -161,7 +162,10 @@ def _generate_calls(model: torch.nn.Module, inputs: Mapping[str, Any], steps: in
             output = model.generate(**copy.deepcopy(dict(inputs)), **options)
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
     # The projector each feature method ran: {modality: attribute name}.
-    used = {label: name for name in projector_modules for label, _ in part_calls[name][:1] if label}
+    # A prefill that stays whole reads the feature methods' own outputs: then no projector is split off either.
+    split = _takes_prompt_mask(part_calls.get("language_model", []))
+    ran = {label: name for name in projector_modules for label, _ in part_calls[name][:1] if label}
+    used = ran if split else {}
     encoders = {"encoder": (encoder, encoder_calls["encoder"][0])} if encoder_calls.get("encoder") else {}
     encoder_inputs: dict[str, dict[str, Any]] = {}
     for modality, method in methods.items():
@@ -169,7 +173,7 @@ def _generate_calls(model: torch.nn.Module, inputs: Mapping[str, Any], steps: in
         own = [kwargs for label, kwargs in tower_calls.get(modality, []) if label == modality]
         if not found:
             continue
-        if modality not in used and own:  # no projector: the tower's output is the features (Qwen2-VL's merger)
+        if modality not in ran and own:  # no projector: the tower's output is the features (Qwen2-VL's merger)
             values = {k: v for entry in vision_inputs[modality].values() for k, v in entry["values"].items()}
             encoders[f"{modality}_encoder"] = (towers[modality], {**own[0], **values})
             encoder_inputs[f"{modality}_encoder"] = {
@@ -182,11 +186,23 @@ def _generate_calls(model: torch.nn.Module, inputs: Mapping[str, Any], steps: in
         f"{modality}_projector" if len(used) > 1 else "projector": (projector_modules[name], part_calls[name][0][1])
         for modality, name in used.items()
     }
-    if any(part_calls[name] for name in parts) and encoders:
+    if any(part_calls[name] for name in parts) and encoders and split:
         recorded_parts.update({name: (module, part_calls[name][0]) for name, module in parts.items() if part_calls[name]})
     projector_of = {modality: f"{modality}_projector" if len(used) > 1 else "projector" for modality in used}
     return _Recorded(encoders=encoders, parts=recorded_parts, projectors=projector_of, encoder_inputs=encoder_inputs,
                      calls=calls, length=int(sequences.shape[-1]))
+
+
+def _takes_prompt_mask(calls: list[dict[str, Any]]) -> bool:
+    """Whether the language model was called with the 2D padding mask (or none), which ``generate`` can give it.
+
+    PaliGemma builds a 4D mask (bidirectional over the image prefix) and Gemma 3
+    a mask per layer type before calling its language model; recorded so, the
+    graph would take a mask only the model's forward can build. Such a prefill
+    stays whole (it reads the encoded features as ``mm_encoder_outputs``).
+    """
+    mask = calls[0].get("attention_mask") if calls else None
+    return mask is None or (isinstance(mask, torch.Tensor) and mask.ndim == 2)
 
 
 def _tower(model: torch.nn.Module, modality: str) -> torch.nn.Module | None:

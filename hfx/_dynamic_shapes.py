@@ -212,11 +212,38 @@ def to_torch(shapes: DynamicShapes, kwargs: Mapping[str, Any]) -> dict[str, Any]
         for name, (lo, hi) in shapes.bounds.items()
     }
 
+    def dim(name: str) -> Any:
+        if name in dims:
+            return dims[name]
+        base, offset = derived_dim(name)  # "past_sequence + 1": a size torch.export derives from another dim
+        return dims[base] + offset
+
     def per_tensor(path: tuple[Any, ...], tensor: torch.Tensor) -> dict[int, Any] | None:
         per_axis = shapes.axes.get(leaf_name(path), {})
-        return {axis: dims[name] for axis, name in per_axis.items()} or None
+        return {axis: dim(name) for axis, name in per_axis.items()} or None
 
     return {key: _shape_tree(value, (pytree.MappingKey(key),), per_tensor) for key, value in kwargs.items()}
+
+
+_OFFSET = re.compile(r"^(\w+) ([+-]) (\d+)$")
+
+
+def derived_dim(name: str) -> tuple[str, int]:
+    """``(base dim, offset)`` of a derived axis name (``"past_sequence + 1"``); ``(name, 0)`` for a plain one.
+
+    A derived axis is always its base dim plus a constant (a decode step's mask
+    spans the past and its one new token), named as its size prints in the
+    program's specs.
+
+    Example:
+        >>> derived_dim("past_sequence + 1"), derived_dim("batch")
+        (('past_sequence', 1), ('batch', 0))
+    """
+    match = _OFFSET.match(name)
+    if match is None:
+        return name, 0
+    base, sign, offset = match.groups()
+    return base, int(offset) if sign == "+" else -int(offset)
 
 
 def _shape_tree(value: Any, path: tuple[Any, ...], per_tensor: Any) -> Any:
@@ -275,11 +302,15 @@ def refine(shapes: DynamicShapes, message: str) -> DynamicShapes | None:
     narrows its bounds. A derived fix (``width = 4*_width``, from a strided conv or
     patch embedding) keeps the dim dynamic with the range torch's failed guard states
     (``4 <= width``): Swin, wav2vec2 and HuBERT then export with dynamic sizes.
+    A fix relating two dims (``total_sequence = past_sequence + 1``: Falcon adds an
+    ALiBi bias built from the whole mask to the scores over the cached keys) names
+    the axes of the first by the expression (see ``derived_dim``) and drops its bounds.
     """
     if "Suggested fixes:" not in message:
         return None
     block = message.split("Suggested fixes:", 1)[1].strip("\n").split("\n\n", 1)[0]
     static: set[str] = set()
+    derived: dict[str, str] = {}
     bounds = dict(shapes.bounds)
     guarded = _guard_bounds(message, bounds)
     for line in block.splitlines():
@@ -299,7 +330,13 @@ def refine(shapes: DynamicShapes, message: str) -> DynamicShapes | None:
             bounds[name] = (int(dim.group(2) or lo), int(dim.group(3)) if dim.group(3) else hi)
         elif _DERIVED.fullmatch(expr) and name in guarded:  # a derived fix: keep the dim, with the guard's range
             bounds[name] = guarded[name]
+        elif (offset := _OFFSET.match(expr)) and offset.group(1) in bounds and offset.group(1) != name:
+            derived[name] = expr  # ``total_sequence = past_sequence + 1``: one dim fewer, its size follows the other's
         else:
             return None
-    axes = {leaf: {a: d for a, d in per_axis.items() if d not in static} for leaf, per_axis in shapes.axes.items()}
-    return DynamicShapes(axes=axes, bounds={d: b for d, b in bounds.items() if d not in static})
+    static |= {name for name, expr in derived.items() if derived_dim(expr)[0] in static}  # follows a static dim
+    axes = {
+        leaf: {a: derived.get(d, d) for a, d in per_axis.items() if d not in static}
+        for leaf, per_axis in shapes.axes.items()
+    }
+    return DynamicShapes(axes=axes, bounds={d: b for d, b in bounds.items() if d not in static and d not in derived})

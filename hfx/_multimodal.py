@@ -72,23 +72,38 @@ def features_only(output: Any) -> Any:
     return type(output)(**kept)
 
 
-class _Features(Exception):  # noqa: N818 - control flow, not an error
-    """Carries a projector's input out of the feature method, which then stops (see ``_Tap``)."""
+class ProjectorCall(Exception):  # noqa: N818 - control flow, not an error
+    """Carries a projector's arguments out of the feature method, which then stops (see ``tapped_view``)."""
 
-    def __init__(self, features: torch.Tensor) -> None:
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         super().__init__("projector input")
-        self.features = features
+        self.args = args
+        self.kwargs = kwargs
+
+    @property
+    def features(self) -> torch.Tensor:
+        """The projector's first input: the selected features."""
+        return self.args[0] if self.args else next(iter(self.kwargs.values()))
 
 
-def _tap(features: torch.Tensor) -> torch.Tensor:
-    """Stands in for a projector: stops the feature method and hands the projector's input to the caller.
+def _tap(*args: Any, **kwargs: Any) -> Any:
+    """Stands in for a projector: stops the feature method and hands the projector's inputs to the caller.
 
     Stopping there keeps what the method does after the projector (LLaVA's
     ``list(image_features)``, which fixes the number of images) out of the
     graph. It is a plain function, not a module, so that the export's module
     stack never sees a call that does not return.
     """
-    raise _Features(features)
+    raise ProjectorCall(args, kwargs)
+
+
+def tapped_view(owner: torch.nn.Module, projector: str) -> torch.nn.Module:
+    """A shallow view of ``owner`` (same children, so shared weights) whose ``projector`` raises ``ProjectorCall``."""
+    view = copy.copy(owner)  # a shallow view with its own child table
+    view._modules = dict(owner._modules)  # noqa: SLF001
+    del view._modules[projector]  # noqa: SLF001
+    vars(view)[projector] = _tap
+    return view
 
 
 class FeatureEncoder(torch.nn.Module):
@@ -105,11 +120,11 @@ class FeatureEncoder(torch.nn.Module):
 
     def __init__(self, owner: torch.nn.Module, method: str, projector: str | None = None) -> None:
         super().__init__()
-        view = copy.copy(owner)  # a shallow view with its own child table
-        view._modules = dict(owner._modules)  # noqa: SLF001
         if projector is not None:
-            del view._modules[projector]  # noqa: SLF001
-            vars(view)[projector] = _tap
+            view = tapped_view(owner, projector)
+        else:
+            view = copy.copy(owner)
+            view._modules = dict(owner._modules)  # noqa: SLF001
         self.owner = view
         self.method = method
         self.projector = projector
@@ -118,6 +133,6 @@ class FeatureEncoder(torch.nn.Module):
         """Call the feature method with ``kwargs``."""
         try:
             output = getattr(self.owner, self.method)(**kwargs)
-        except _Features as stop:
+        except ProjectorCall as stop:
             return stop.features
         return features_only(output)

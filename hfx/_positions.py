@@ -41,15 +41,32 @@ def prompt_positions(meta: Mapping[str, Any], sections: int, inputs: Mapping[str
     Without image or video grids every section holds the text positions, as in transformers.
     """
     text = text_positions(mask)
-    grids = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw") if inputs.get(k) is not None}
-    if grids and inputs.get("mm_token_type_ids") is not None:
-        model = _weightless(meta["model_class"], json.dumps(meta["config"], sort_keys=True))
-        base = getattr(model, "model", model)
-        rope, _ = base.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
-                                      attention_mask=mask, **grids)
+    if has_media_grids(inputs):
+        rope = multimodal_positions(_weightless(meta["model_class"], json.dumps(meta["config"], sort_keys=True)),
+                                    {**inputs, "attention_mask": mask})
     else:
         rope = text[None].expand(3, -1, -1)
     return torch.cat([text[None], rope], dim=0) if sections == 4 else rope
+
+
+def has_media_grids(inputs: Mapping[str, Any]) -> bool:
+    """Whether ``inputs`` hold image or video grids and the token types that place them (what M-RoPE reads)."""
+    grids = [inputs.get(k) for k in ("image_grid_thw", "video_grid_thw")]
+    return any(grid is not None for grid in grids) and inputs.get("mm_token_type_ids") is not None
+
+
+def multimodal_positions(model: torch.nn.Module, inputs: Mapping[str, Any]) -> torch.Tensor:
+    """The M-RoPE position ids ``[3, batch, sequence]`` the model's own ``get_rope_index`` gives for ``inputs``.
+
+    ``inputs`` are the processor's: ``input_ids``, ``mm_token_type_ids``, the
+    image / video grids and optionally ``attention_mask``. The method reads
+    only the model's config, so ``model`` may be a weightless (``meta``) copy.
+    """
+    base = getattr(model, "model", model)
+    grids = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw") if inputs.get(k) is not None}
+    rope, _ = base.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
+                                  attention_mask=inputs.get("attention_mask"), **grids)
+    return rope
 
 
 def next_positions(previous: torch.Tensor, count: int = 1) -> torch.Tensor:

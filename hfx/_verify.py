@@ -103,15 +103,45 @@ def verify(
     got = program(**copy.deepcopy(dict(inputs)))  # a static cache is written in place (io.updates)
     want = eager_outputs(model, {**copy.deepcopy(dict(inputs)), **program.io.constants})
     got_leaves = dict(named_leaves({"": got}))
-    diffs = [
-        _diff(name.removeprefix("."), got_leaves[name], tensor)
-        for name, tensor in named_leaves({"": want})
-        if isinstance(tensor, torch.Tensor) and name in got_leaves
-    ]
-    missing = [n for n, t in named_leaves({"": want}) if isinstance(t, torch.Tensor) and n not in got_leaves]
+    want_leaves = _with_joined_lists(
+        [(n, t) for n, t in named_leaves({"": want}) if isinstance(t, torch.Tensor)], got_leaves
+    )
+    diffs = [_diff(name.removeprefix("."), got_leaves[name], tensor) for name, tensor in want_leaves if name in got_leaves]
+    missing = [n for n, _ in want_leaves if n not in got_leaves]
     diffs += [OutputDiff(name=n.removeprefix("."), shape=(), max_abs=float("inf"), max_rel=float("inf")) for n in missing]
     label = f"{type(program).__name__}({getattr(program, 'name', 'model')})"
     return Report(program=label, atol=atol, rtol=rtol, diffs=diffs)
+
+
+def _with_joined_lists(
+    want: list[tuple[str, torch.Tensor]], got: Mapping[str, Any]
+) -> list[tuple[str, torch.Tensor]]:
+    """``want`` with each per-item list of tensors that the program returns joined replaced by its ``cat``.
+
+    A graph with a dynamic batch cannot return a list whose length follows the
+    batch (SmolVLM's ``image_hidden_states.pooler_output`` holds one tensor per
+    prompt; ``patch_per_image_feature_split``): the program returns the rows
+    joined along dim 0, as one tensor or a one-item list, and that is compared.
+    """
+    joined: dict[str, list[torch.Tensor]] = {}
+    kept: list[tuple[str, torch.Tensor]] = []
+    for name, tensor in want:
+        parent, _, index = name.rpartition(".")
+        target = _joined_target(parent, got) if index.isdigit() and f"{parent}.1" not in got else None
+        if target is None:
+            kept.append((name, tensor))
+            continue
+        if target not in joined:
+            kept.append((target, tensor))  # a placeholder, replaced by the cat below
+        joined.setdefault(target, []).append(tensor)
+    return [(name, torch.cat(joined[name]) if len(joined.get(name, ())) > 1 else tensor) for name, tensor in kept]
+
+
+def _joined_target(parent: str, got: Mapping[str, Any]) -> str | None:
+    """The program's output holding the joined list at ``parent``: the tensor itself or its one-item list."""
+    if isinstance(got.get(parent), torch.Tensor):
+        return parent
+    return f"{parent}.0" if isinstance(got.get(f"{parent}.0"), torch.Tensor) else None
 
 
 def eager_outputs(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> Any:

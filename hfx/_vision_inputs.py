@@ -8,11 +8,18 @@ getters in ``transformers.vision_utils`` return a precomputed value when the
 caller passes it in ``kwargs``; ``decompose`` records what each getter
 computed, so the encoder graph takes those values as inputs, and
 ``generate`` computes them for new images with the same getters.
+
+A graph of the whole forward takes them as the model's own forward does:
+prefixed with the modality (``image_cu_seqlens``; transformers'
+``accepts_precomputed_kwargs``), next to the M-RoPE ``position_ids``;
+``vision_inputs`` computes all of them from the processor's inputs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import inspect
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -90,3 +97,159 @@ def computed_vision_inputs(recorded: Mapping[str, Mapping[str, Any]], grid_thw: 
         else:
             computed["cu_seqlens"] = vision_utils.get_vision_cu_seqlens(grid_thw, **options)
     return computed
+
+
+def tower_getters(module: torch.nn.Module) -> tuple[str, ...]:
+    """The ``transformers.vision_utils`` getters ``module``'s own forward calls (none: not a packed-image tower)."""
+    forward = vars(type(module)).get("forward")
+    namespace = vars(sys.modules[type(module).__module__])
+    if forward is None or not any(callable(namespace.get(name)) for name in _GETTERS):
+        return ()
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return ()
+    return tuple(name for name in _GETTERS if f"{name}(" in source and callable(namespace.get(name)))
+
+
+class _TowerLayerCall(Exception):  # noqa: N818 - control flow, not an error
+    """Raised by the first layer a tower calls once its getters have run (see ``tower_inputs``)."""
+
+
+def _stop(*args: Any, **kwargs: Any) -> Any:
+    raise _TowerLayerCall
+
+
+def tower_inputs(tower: torch.nn.Module, pixel_values: torch.Tensor | None, grid_thw: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What ``tower``'s vision getters compute for images of ``grid_thw``: ``{keyword: tensor}``.
+
+    The tower's forward runs on a view whose child modules stop it at the
+    first call, so its getters run as they do in the model (same options)
+    and none of its layers does; ``tower`` itself is not changed.
+    """
+    view = copy.copy(tower)  # a shallow view: its own child table, every child a stop
+    view._modules = {}  # noqa: SLF001
+    for name in tower._modules:  # noqa: SLF001
+        vars(view)[name] = _stop
+    found: dict[str, dict[str, Any]] = {}
+    with recording_vision_inputs(tower, found), torch.no_grad(), contextlib.suppress(_TowerLayerCall):
+        view.forward(torch.empty(0) if pixel_values is None else pixel_values, grid_thw=grid_thw)
+    return {key: value for entry in found.values() for key, value in entry["values"].items()}
+
+
+def _takes_precomputed(method: Any) -> bool:
+    """Whether a ``get_<modality>_features`` passes ``<modality>_``-prefixed keywords on to its tower (``accepts_precomputed_kwargs``)."""
+    while method is not None:
+        if "accepts_precomputed_kwargs" in getattr(getattr(method, "__code__", None), "co_qualname", ""):
+            return True
+        method = getattr(method, "__wrapped__", None)
+    return False
+
+
+# modality -> the processor's pixel input of that modality
+_PIXELS = {"image": "pixel_values", "video": "pixel_values_videos"}
+
+
+def _packed_modalities(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """``{modality: tower}`` of the model's packed-image towers whose feature method takes precomputed inputs."""
+    from hfx._decompose import _tower
+    from hfx._multimodal import feature_methods
+
+    base = getattr(model, "base_model", model)
+    found = {}
+    for modality, method in feature_methods(model).items():
+        tower = _tower(model, modality)
+        if tower is not None and tower_getters(tower) and _takes_precomputed(vars(type(base)).get(method)):
+            found[modality] = tower
+    return found
+
+
+def precomputed_input_names(model: torch.nn.Module) -> frozenset[str]:
+    """The ``<modality>_<getter result>`` keywords ``model.forward`` passes to its packed-image towers.
+
+    Example:
+        >>> precomputed_input_names(torch.nn.Linear(1, 1))
+        frozenset()
+    """
+    return frozenset(
+        f"{modality}_{key}"
+        for modality, tower in _packed_modalities(model).items()
+        for getter in tower_getters(tower)
+        for key in _GETTERS[getter]
+        if key
+    )
+
+
+def vision_inputs(model: torch.nn.Module, inputs: Mapping[str, Any], /) -> dict[str, torch.Tensor]:
+    """The inputs a whole-forward graph of a packed-image model takes besides the processor's, computed from them.
+
+    Qwen2-VL-style models compute, in Python, the M-RoPE ``position_ids``
+    (``get_rope_index``) and each tower's patch positions and image (or
+    window) boundaries from the grids: data-dependent work a graph cannot
+    hold for any image count and size. Computed here, outside the graph, they
+    go in as inputs under the names the model's forward takes them
+    (``image_position_ids``, ``image_cu_seqlens`` and, for Qwen2.5-VL,
+    ``image_window_index`` / ``image_cu_window_seqlens``), and the eager model
+    gives the same outputs with or without them.
+
+    Args:
+        model: the model (a weightless ``meta`` copy works: only its config and code are read).
+        inputs: the processor's inputs: ``input_ids``, ``attention_mask``,
+            ``mm_token_type_ids``, ``pixel_values``, ``image_grid_thw`` (or the video ones).
+
+    Returns:
+        The extra keyword arguments; empty for a model without packed-image
+        towers or inputs without grids. ``position_ids`` is left out when
+        ``inputs`` already hold it.
+
+    Example:
+        >>> from hfx import zoo
+        >>> model, inputs = zoo.build("qwen2_vl"), zoo.inputs("qwen2_vl")
+        >>> sorted(vision_inputs(model, inputs))
+        ['image_cu_seqlens', 'image_position_ids', 'position_ids']
+        >>> program = hfx.export(hfx.capture({**inputs, **vision_inputs(model, inputs)}, model))  # doctest: +SKIP
+    """
+    from hfx._positions import has_media_grids, multimodal_positions
+
+    computed: dict[str, torch.Tensor] = {}
+    for modality, tower in _packed_modalities(model).items():
+        grid = inputs.get(f"{modality}_grid_thw")
+        if grid is not None:
+            found = tower_inputs(tower, inputs.get(_PIXELS[modality]), grid)
+            computed.update({f"{modality}_{key}": value for key, value in found.items()})
+    base = getattr(model, "base_model", model)
+    if "position_ids" not in inputs and hasattr(base, "get_rope_index") and has_media_grids(inputs):
+        computed["position_ids"] = multimodal_positions(base, inputs)
+    return computed
+
+
+def _packed_axis(key: str, modality: str) -> str:
+    """The dim name of axis 0 of a packed-image input, as ``decompose`` names the tower's (``image_patches`` …)."""
+    if key.startswith("cu_"):  # boundaries: of the images, or of Qwen2.5-VL's windows
+        return f"{modality}_{key.removeprefix('cu_').replace('seqlens', 'boundaries')}"
+    if key == "grid_thw":
+        return f"{modality}_count"
+    return f"{modality}_patches" if key == "position_ids" else f"{modality}_{key}"
+
+
+def packed_input_axes(model: torch.nn.Module, inputs: Mapping[str, Any]) -> dict[str, dict[int, str]]:
+    """``{input: {0: dim}}`` for the packed-image inputs of a whole-forward call; empty when there are none.
+
+    The packed pixels and the tower inputs ``vision_inputs`` computes follow
+    the images (patches, images, boundaries), not the batch; the token types
+    follow the prompt.
+    """
+    axes: dict[str, dict[int, str]] = {}
+    for modality in _packed_modalities(model):
+        names = {f"{modality}_{key}": key for key in ("grid_thw", *(k for r in _GETTERS.values() for k in r if k))}
+        given = {name: key for name, key in names.items() if isinstance(inputs.get(name), torch.Tensor)}
+        if not any(key != "grid_thw" for key in given.values()):
+            continue  # no precomputed input: the model computes them, the graph cannot hold any image count
+        axes.update({name: {0: _packed_axis(key, modality)} for name, key in given.items()})
+        pixels = inputs.get(_PIXELS[modality])
+        if isinstance(pixels, torch.Tensor) and pixels.ndim == 2:
+            axes[_PIXELS[modality]] = {0: f"{modality}_patches"}
+    types = inputs.get("mm_token_type_ids")
+    if axes and isinstance(types, torch.Tensor) and types.ndim == 2:
+        axes["mm_token_type_ids"] = {0: "batch", 1: "sequence"}
+    return axes

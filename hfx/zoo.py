@@ -40,6 +40,8 @@ class ZooEntry:
     generative: bool = False
     #: Whether the input builder varies the image size with ``sequence`` (models that take any size).
     image_size_varies: bool = False
+    #: The inputs of one forward call, when they are not ``inputs`` (packed-image models: see ``_qwen_vl_forward``).
+    forward: Callable[[Any, int, int], dict[str, torch.Tensor]] | None = attrs.field(default=None, eq=False)
 
 
 def _token_inputs(config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
@@ -130,11 +132,12 @@ def _pooled_image_inputs(config: Any, batch: int, sequence: int) -> dict[str, to
 _QWEN_GRID = (1, 4, 4)
 
 
-def _qwen_vl_inputs(config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+def _qwen_vl_inputs(config: Any, batch: int, sequence: int,
+                    grid: tuple[int, int, int] = _QWEN_GRID) -> dict[str, torch.Tensor]:
     """Qwen2-VL family: ``<vision_start> image*n <vision_end>`` then text, flattened patches and ``image_grid_thw``."""
     generator = torch.Generator().manual_seed(batch * 1000 + sequence)
     vision = config.vision_config
-    t, h, w = _QWEN_GRID
+    t, h, w = grid
     tokens = t * h * w // vision.spatial_merge_size**2
     block = torch.tensor([[config.vision_start_token_id, *[config.image_token_id] * tokens, config.vision_end_token_id]])
     ids, mask = _prompt_after(block, _TEXT_HIGH, batch, sequence, generator)
@@ -142,7 +145,20 @@ def _qwen_vl_inputs(config: Any, batch: int, sequence: int) -> dict[str, torch.T
     pixels = torch.randn(batch * t * h * w, patch, generator=generator)
     # mm_token_type_ids (1 = image) tells M-RoPE where the image's (t, h, w) positions go.
     return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == config.image_token_id).long(),
-            "pixel_values": pixels, "image_grid_thw": torch.tensor([_QWEN_GRID] * batch)}
+            "pixel_values": pixels, "image_grid_thw": torch.tensor([grid] * batch)}
+
+
+def _qwen_vl_forward(config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    """A Qwen2-VL-family forward call: images wider with ``sequence`` (4x4 patches at 7, 4x6 at 11), plus what
+    ``hfx.vision_inputs`` computes from them (M-RoPE positions, the tower's patch positions and boundaries)."""
+    import transformers
+
+    from hfx._vision_inputs import vision_inputs
+
+    values = _qwen_vl_inputs(config, batch, sequence, grid=(1, 4, 2 * (sequence // 4 + 1)))
+    with torch.device("meta"):  # only the config and the code are read: no weights
+        model = transformers.AutoModelForImageTextToText.from_config(config)
+    return {**values, **vision_inputs(model, values)}
 
 
 def _llama() -> Any:
@@ -281,10 +297,11 @@ def _vision(name: str, class_name: str, *, auto_class: str = "AutoModelForImageC
                     inputs=_any_size_image_inputs if any_size else _image_inputs, image_size_varies=any_size)
 
 
-def _vlm(name: str, class_name: str, inputs: Callable[[Any, int, int], dict[str, torch.Tensor]],
-         **kwargs: Any) -> ZooEntry:
+def _vlm(name: str, class_name: str, inputs: Callable[[Any, int, int], dict[str, torch.Tensor]], *,
+         forward: Callable[[Any, int, int], dict[str, torch.Tensor]] | None = None, **kwargs: Any) -> ZooEntry:
     return ZooEntry(name=name, family="vision-language", auto_class="AutoModelForImageTextToText",
-                    config=functools.partial(_config, class_name, **kwargs), inputs=inputs, generative=True)
+                    config=functools.partial(_config, class_name, **kwargs), inputs=inputs, generative=True,
+                    forward=forward)
 
 
 def _siglip_vision(**kwargs: Any) -> dict[str, Any]:
@@ -406,13 +423,13 @@ _VISION_LANGUAGE = (
     ZooEntry(name="llava", family="vision-language", auto_class="AutoModelForImageTextToText", config=_llava,
              inputs=_llava_inputs, generative=True),
     # Multimodal rotary positions (t, h, w sections), 2x2 patch merger, 3D patches.
-    _vlm("qwen2_vl", "Qwen2VLConfig", _qwen_vl_inputs, image_token_id=_IMAGE, video_token_id=_BOI - 2,
+    _vlm("qwen2_vl", "Qwen2VLConfig", _qwen_vl_inputs, forward=_qwen_vl_forward, image_token_id=_IMAGE, video_token_id=_BOI - 2,
          vision_start_token_id=_BOI, vision_end_token_id=_EOI,
          text_config=_text("qwen2_vl_text", head_dim=16, bos_token_id=1, eos_token_id=2, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]}),
          vision_config={"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
                         "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2}),
     # As Qwen2-VL plus windowed vision attention with full-attention blocks.
-    _vlm("qwen2_5_vl", "Qwen2_5_VLConfig", _qwen_vl_inputs, image_token_id=_IMAGE, video_token_id=_BOI - 2,
+    _vlm("qwen2_5_vl", "Qwen2_5_VLConfig", _qwen_vl_inputs, forward=_qwen_vl_forward, image_token_id=_IMAGE, video_token_id=_BOI - 2,
          vision_start_token_id=_BOI, vision_end_token_id=_EOI,
          text_config=_text("qwen2_5_vl_text", head_dim=16, bos_token_id=1, eos_token_id=2, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]}),
          vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
@@ -485,7 +502,9 @@ def forward_inputs(name: str = DEFAULT, *, batch: int = 2, sequence: int = 7) ->
     """Inputs for one forward call: ``inputs(...)``, plus ``decoder_input_ids`` for encoder-decoders.
 
     ``inputs`` are what ``generate`` takes; a seq2seq forward also needs the decoder's
-    tokens, here the start token then ``sequence // 2`` random ids.
+    tokens, here the start token then ``sequence // 2`` random ids. Packed-image models
+    (Qwen2-VL, Qwen2.5-VL) get images that grow with ``sequence`` and the inputs
+    ``hfx.vision_inputs`` computes for them (a whole-forward graph takes those).
 
     Example:
         >>> sorted(forward_inputs("t5", batch=2, sequence=6))
@@ -493,7 +512,7 @@ def forward_inputs(name: str = DEFAULT, *, batch: int = 2, sequence: int = 7) ->
     """
     spec = entry(name)
     config = spec.config()
-    values = spec.inputs(config, batch, sequence)
+    values = (spec.forward or spec.inputs)(config, batch, sequence)
     if spec.family == "encoder-decoder":
         generator = torch.Generator().manual_seed(batch * 1000 + sequence + 1)
         decoder = torch.randint(3, config.vocab_size, (batch, sequence // 2 + 1), generator=generator)

@@ -54,3 +54,27 @@ def test_typed_kwargs_are_accepted(models):
 def test_bad_arguments_are_type_errors(inputs, model, match):
     with pytest.raises(TypeError, match=match):
         hfx.capture(inputs, model)
+
+
+def test_a_packed_image_models_precomputed_inputs_are_accepted_and_their_axes_named(models):
+    inputs = zoo.forward_inputs("qwen2_5_vl")
+    captured = hfx.capture(inputs, models("qwen2_5_vl"))
+    axes = captured.dynamic_shapes.axes
+    assert dict(axes["pixel_values"]) == dict(axes["image_position_ids"]) == {0: "image_patches"}
+    assert dict(axes["image_grid_thw"]) == {0: "image_count"}
+    assert dict(axes["image_cu_window_seqlens"]) == {0: "image_window_boundaries"}
+    assert dict(axes["mm_token_type_ids"]) == {0: "batch", 1: "sequence"}
+    assert captured.dynamic_shapes.bounds["image_boundaries"] == (2, None)  # at least one image
+
+
+def test_without_precomputed_inputs_the_shapes_are_left_to_export(models):
+    assert hfx.capture(zoo.inputs("qwen2_vl"), models("qwen2_vl")).dynamic_shapes is None
+    explicit = hfx.DynamicShapes(axes={"input_ids": {0: "batch"}}, bounds={"batch": (1, 8)})
+    given = hfx.capture(zoo.forward_inputs("qwen2_vl"), models("qwen2_vl"), dynamic_shapes=explicit)
+    assert given.dynamic_shapes is explicit
+
+
+def test_a_precomputed_input_the_tower_does_not_read_is_named(models):
+    window = torch.zeros(4, dtype=torch.long)  # Qwen2-VL has no windowed layers
+    with pytest.raises(hfx.InputError, match=r"image_window_index"):
+        hfx.capture({**zoo.inputs("qwen2_vl"), "image_window_index": window}, models("qwen2_vl"))

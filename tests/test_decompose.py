@@ -150,3 +150,21 @@ def test_packed_image_tower_takes_positions_and_boundaries_computed_outside_the_
     axes = encoder.dynamic_shapes.axes
     assert axes["hidden_states"] == {0: "image_patches"} and axes["cu_seqlens"] == {0: "image_boundaries"}
     assert parts["language_model"].kwargs["position_ids"].shape[0] == 4  # M-RoPE: text row + (t, h, w)
+
+
+def test_a_language_model_given_a_mask_built_by_forward_keeps_the_prefill_whole(models):
+    # PaliGemma builds a 4D mask (bidirectional over the image prefix) before calling its language model.
+    parts = hfx.decompose(hfx.capture(zoo.inputs("paligemma", batch=2, sequence=5), models("paligemma")))
+    assert list(parts) == ["image_encoder", "prefill", "decode"]
+    assert parts.meta["projectors"] == {}  # the encoder returns what the prefill reads: the projected features
+    encoded = parts["prefill"].kwargs["mm_encoder_outputs"]["image"]
+    assert encoded.pooler_output.shape[-1] == models("paligemma").config.text_config.hidden_size
+    assert parts["prefill"].kwargs["attention_mask"].ndim == 2
+
+
+def test_only_a_2d_or_absent_language_model_mask_is_one_generate_can_give():
+    from hfx._decompose import _takes_prompt_mask
+
+    assert _takes_prompt_mask([{"attention_mask": torch.ones(2, 5)}]) and _takes_prompt_mask([{}])
+    assert not _takes_prompt_mask([{"attention_mask": torch.ones(2, 1, 5, 5)}])
+    assert not _takes_prompt_mask([{"attention_mask": {"full_attention": torch.ones(2, 1, 5, 5)}}])

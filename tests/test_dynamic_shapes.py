@@ -6,7 +6,7 @@ import torch
 
 import hfx
 from hfx import zoo
-from hfx._dynamic_shapes import refine, to_torch, widen_unit_axes
+from hfx._dynamic_shapes import derived_dim, refine, to_torch, widen_unit_axes
 
 
 def test_token_inputs_share_batch_and_sequence(models):
@@ -61,6 +61,24 @@ def test_refine_keeps_a_derived_dim_dynamic_with_the_guards_range():
                "Suggested fixes:\n  _w = Dim('_w', min=1, max=16)\n  w = 4*_w\n")
     refined = refine(shapes, message)
     assert dict(refined.axes["x"]) == {0: "w"} and refined.bounds == {"w": (4, 64)}
+
+
+def test_refine_derives_a_dim_torch_relates_to_another():
+    shapes = hfx.DynamicShapes(axes={"k": {2: "past_sequence"}, "attention_mask": {1: "total_sequence"}},
+                               bounds={"past_sequence": (1, 2048), "total_sequence": (1, 2048)})
+    message = ("Constraints violated (past_sequence, total_sequence)!\nSuggested fixes:\n"
+               "  past_sequence = Dim('past_sequence', max=2047)\n  total_sequence = past_sequence + 1\n")
+    refined = refine(shapes, message)
+    assert dict(refined.axes["attention_mask"]) == {1: "past_sequence + 1"}
+    assert refined.bounds == {"past_sequence": (1, 2047)}
+    spec = to_torch(refined, {"k": torch.ones(1, 1, 4), "attention_mask": torch.ones(1, 5)})
+    assert str(spec["attention_mask"][1]) == str(spec["k"][2] + 1)
+
+
+def test_derived_dim_reads_base_and_offset():
+    assert derived_dim("past_sequence + 1") == ("past_sequence", 1)
+    assert derived_dim("total_sequence - 2") == ("total_sequence", -2)
+    assert derived_dim("batch") == ("batch", 0)
 
 
 def test_refine_gives_up_without_a_fix_it_can_apply():

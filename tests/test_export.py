@@ -149,3 +149,24 @@ def test_a_component_holds_only_the_weights_its_graph_reads(generative):
     decode_weights = set(parts["decode"].program.state_dict)
     assert not any(".encoder." in k for k in decode_weights)  # the decode step reads the encoder's outputs only
     assert encoder_weights and decode_weights
+
+
+class _MaskBiased(torch.nn.Module):
+    """Scores over the past keys and one new key plus a bias from the whole mask (Falcon's ALiBi pattern)."""
+
+    def forward(self, keys, attention_mask):
+        scores = torch.cat([keys.sum(-1), keys.new_zeros(keys.shape[0], 1)], dim=-1)
+        return scores + attention_mask.cumsum(-1)
+
+
+def test_a_dim_torch_relates_to_another_becomes_derived():
+    shapes = hfx.DynamicShapes(
+        axes={"keys": {0: "batch", 1: "past_sequence"}, "attention_mask": {0: "batch", 1: "total_sequence"}},
+        bounds={"batch": (1, None), "past_sequence": (1, 64), "total_sequence": (1, 64)},
+    )
+    inputs = {"keys": torch.randn(2, 5, 3), "attention_mask": torch.ones(2, 6)}
+    ex = hfx.export(hfx.capture(inputs, _MaskBiased(), dynamic_shapes=shapes))
+    assert ex.io.inputs[1].shape == ("batch", "past_sequence + 1")
+    assert ex.io.bounds["past_sequence"] == (1, 63)  # the mask's 64 bounds the past
+    keys, mask = torch.randn(3, 9, 3), torch.ones(3, 10)
+    assert torch.equal(ex(keys=keys, attention_mask=mask), _MaskBiased()(keys, mask))

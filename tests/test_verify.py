@@ -53,3 +53,32 @@ def test_verify_maps_over_components(exported, models):
     parts = hfx.Components(items={"m": exported("bert")})
     reports = hfx.verify(parts, models("bert"), {"m": new_inputs("bert")})
     assert reports["m"].passed
+
+
+class _PerItem(torch.nn.Module):
+    """Returns one tensor per batch row in a list, like SmolVLM's image_hidden_states.pooler_output."""
+
+    def forward(self, x):
+        return {"y": x * 2, "rows": list(x.split([1, 2]))}  # prompt 0 has one image, prompt 1 two
+
+
+class _Joined:
+    """A program that returns those rows joined, the way a dynamic-batch graph has to."""
+
+    class io:  # noqa: N801
+        constants: dict = {}
+
+    def __init__(self, offset: float = 0.0, as_list: bool = False):
+        self.offset, self.as_list = offset, as_list
+
+    def __call__(self, x):
+        rows = x + self.offset
+        return {"y": x * 2, "rows": [rows] if self.as_list else rows}
+
+
+def test_a_per_item_list_is_compared_with_the_joined_tensor():
+    x = torch.randn(3, 4)
+    report = hfx.verify(_Joined(), _PerItem(), {"x": x})
+    assert [d.name for d in report.diffs] == ["y", "rows"] and report.passed
+    assert hfx.verify(_Joined(as_list=True), _PerItem(), {"x": x}).passed
+    assert not hfx.verify(_Joined(offset=1.0), _PerItem(), {"x": x}).passed

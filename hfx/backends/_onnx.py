@@ -191,9 +191,76 @@ def _to_onnx(exported: Exported, *, opset: int, optimize: bool) -> Any:
         )
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
     _check_contract(exported, onnx_program.model, opset, log.getvalue())
+    _bfloat16_arithmetic_in_float32(onnx_program.model)
     onnx_program.rename_axes(_dim_names(onnx_program.model.graph.inputs, exported.io))
     _name_output_dims(onnx_program.model, exported.io)
     return onnx_program.model
+
+
+# Elementwise ops that ONNX Runtime's CPU provider (1.32) has no bfloat16 kernel for, and whose float32
+# result rounded to bfloat16 is what torch computes for bfloat16 on CPU (it upcasts each element).
+_BFLOAT16_UPCAST_OPS = frozenset({
+    "Abs", "Add", "Cos", "Div", "Equal", "Erf", "Exp", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Log",
+    "Max", "Min", "Mul", "Neg", "Pow", "Reciprocal", "Sigmoid", "Sin", "Sqrt", "Sub", "Tanh", "Where",
+})
+
+
+def _bfloat16_arithmetic_in_float32(model: Any) -> None:
+    """Compute each bfloat16 elementwise op of ``model`` in float32 between two ``Cast`` s, in place.
+
+    A float32 model can hold a little bfloat16 arithmetic: Falcon's ALiBi slopes
+    (``build_alibi_tensor``: ``slopes[..., None].bfloat16() * arange_tensor``) give a
+    bfloat16 ``Mul``, which ONNX Runtime's CPU provider cannot load ("NOT_IMPLEMENTED :
+    Could not find an implementation for Mul(14)"). Each such op reads its bfloat16 inputs
+    cast to float32 and its bfloat16 outputs are cast back, which rounds exactly as torch's
+    CPU kernels do. Delete when ONNX Runtime has bfloat16 CPU kernels for these ops.
+    """
+    import onnx_ir as ir
+
+    bf16 = ir.DataType.BFLOAT16
+    for node in list(model.graph.all_nodes()):
+        values = [v for v in (*node.inputs, *node.outputs) if v is not None]
+        if node.domain not in ("", "ai.onnx") or node.op_type not in _BFLOAT16_UPCAST_OPS:
+            continue
+        if not any(v.dtype == bf16 for v in values):
+            continue
+        for index, value in enumerate(node.inputs):
+            if value is not None and value.dtype == bf16:
+                upcast = _cast(value, ir.DataType.FLOAT)
+                node.graph.insert_before(node, upcast)
+                node.replace_input_with(index, upcast.outputs[0])
+        for value in node.outputs:
+            if value.dtype == bf16:
+                _round_output_to_bfloat16(node, value)
+
+
+def _cast(value: Any, dtype: Any) -> Any:
+    """A ``Cast`` node of ``value`` to ``dtype`` (its output typed and shaped)."""
+    import onnx_ir as ir
+
+    node = ir.Node("", "Cast", [value], [ir.AttrInt64("to", dtype)], num_outputs=1)
+    node.outputs[0].dtype = dtype
+    node.outputs[0].shape = value.shape
+    return node
+
+
+def _round_output_to_bfloat16(node: Any, value: Any) -> None:
+    """Make ``node``'s output ``value`` float32 and give its readers (and the graph output) a bfloat16 ``Cast`` of it."""
+    import onnx_ir as ir
+
+    uses = list(value.uses())
+    name = value.name
+    value.dtype = ir.DataType.FLOAT
+    value.name = f"{name}_float32"
+    rounded = _cast(value, ir.DataType.BFLOAT16)
+    rounded.outputs[0].name = name
+    node.graph.insert_after(node, rounded)
+    for user, index in uses:
+        user.replace_input_with(index, rounded.outputs[0])
+    outputs = node.graph.outputs
+    for position, output in enumerate(outputs):
+        if output is value:
+            outputs[position] = rounded.outputs[0]
 
 
 def _grad_mode_of_export() -> contextlib.AbstractContextManager[Any]:

@@ -261,6 +261,64 @@ def _negate_by_multiplying(graph: Any) -> None:
         graph.erase_node(node)
 
 
+def _static_view_sizes(graph: Any) -> None:
+    """Write the size a ``view``/``reshape`` infers for ``-1`` when the graph knows it statically.
+
+    Falcon's decode step reshapes its ALiBi bias ``[batch*heads, 1, past+1]`` to
+    ``(batch, -1, 1, past+1)``. OpenVINO 2026.4's symbolic shape optimisation
+    (at ``convert_model``) rewrites that target to ``[0, 1, 1, -1]`` (``0``: copy
+    the input's dim 0, ``batch*heads``), so the compiled model fails at run time
+    ("Eltwise shape infer input shapes dim index: 0 mismatch", intel_cpu
+    eltwise.cpp). With the static ``heads`` written in place of ``-1`` the
+    target converts as traced. Delete when OpenVINO keeps such a target.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    for node in graph.nodes:
+        if node.target not in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+            continue
+        target = list(node.args[1])
+        shape = getattr(node.meta.get("val"), "shape", None)
+        if shape is None or len(shape) != len(target) or -1 not in target:
+            continue
+        index = target.index(-1)
+        if isinstance(shape[index], int):
+            target[index] = shape[index]
+            node.args = (node.args[0], target, *node.args[2:])
+
+
+def _mod_by_floordiv(graph: Any) -> None:
+    """Rewrite ``a % b`` on sizes (``operator.mod``) as ``a - (a // b) * b``, which is the same for ints.
+
+    Shape arithmetic such as Swin's window padding (``(window - width % window) % window``) stays
+    in the exported graph as ``operator.mod`` on SymInts when the image size is dynamic; OpenVINO
+    2026.4's PyTorch frontend converts ``operator`` ``add``, ``sub``, ``mul``, ``floordiv`` and ``neg``
+    but not ``mod`` ("No conversion rule found for operations: <built-in function mod>"). Delete
+    when the frontend converts ``mod``.
+    """
+    import operator
+
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is operator.mod]:
+        dividend, divisor = node.args
+        with graph.inserting_before(node):
+            quotient = _sym_node(graph, operator.floordiv, dividend, divisor)
+            multiple = _sym_node(graph, operator.mul, quotient, divisor)
+            remainder = _sym_node(graph, operator.sub, dividend, multiple)
+        remainder.meta.update(node.meta)
+        node.replace_all_uses_with(remainder)
+        graph.erase_node(node)
+
+
+def _sym_node(graph: Any, function: Callable[[Any, Any], Any], left: Any, right: Any) -> Any:
+    """A ``call_function`` node of ``function(left, right)`` whose ``val`` meta is that of its operands'."""
+    node = graph.call_function(function, (left, right))
+    values = [v.meta.get("val") if hasattr(v, "meta") else v for v in (left, right)]
+    if all(v is not None for v in values):
+        node.meta["val"] = function(*values)
+    return node
+
+
 def _drop_empty_cat_operands(graph: Any) -> None:
     """Drop the 1-D empty operands of ``aten.cat`` (a transformers cache layer's first update).
 
@@ -291,8 +349,10 @@ def _is_legacy_empty(value: Any) -> bool:
 # Rewrites of the decomposed FX graph (a private copy) that OpenVINO's PyTorch frontend needs, in order.
 # _separate_outputs comes last: the others may leave an output that is another output or an input.
 GRAPH_FIXES: tuple[Callable[[Any], None], ...] = (
+    _static_view_sizes,
     _drop_empty_cat_operands,
     _negate_by_multiplying,
+    _mod_by_floordiv,
     _separate_outputs,
 )
 

@@ -14,8 +14,10 @@ import torch
 
 from hfx._caches import cache_classes, registered_caches
 from hfx.patches._arch import arch_patches, patch_position_interpolation
+from hfx.patches._cache import patch_sliding_window_cache
 from hfx.patches._core import Patch, swap_attr, swap_item, with_patches
 from hfx.patches._model import patch_attention_implementation, patch_eval_mode, preserve_module_state
+from hfx.patches._moe import dense_experts_forward, moe_patches, patch_dense_experts
 from hfx.patches._ssm import (
     DEFAULT_PREFIX_SCAN_LENGTH,
     patch_linear_attention_conv_state,
@@ -26,14 +28,16 @@ from hfx.patches._ssm import (
     ssm_patches,
 )
 from hfx.patches._torch import patch_sdpa_fully_masked_rows
-from hfx.patches._vision import patch_conv3d_patch_embedding, patch_packed_vision_attention
+from hfx.patches._vision import patch_conv3d_patch_embedding, patch_packed_vision_attention, patch_per_image_feature_split
 
 # Patches of torch itself that every export needs, whatever the model.
 TORCH_PATCHES: tuple[Patch, ...] = (patch_sdpa_fully_masked_rows, patch_conv3d_patch_embedding)
+# Patches of transformers' cache layers that every export of a generating model needs.
+CACHE_PATCHES: tuple[Patch, ...] = (patch_sliding_window_cache,)
 
 
 def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
-    """Return the patches ``export`` enters for ``model``: caches as pytrees, model state kept, eval mode, exportable attention, packed vision attention, torch fixes, SSM fixes, architecture fixes.
+    """Return the patches ``export`` enters for ``model``: caches as pytrees, model state kept, eval mode, exportable attention, packed vision attention, torch fixes, SSM fixes, architecture fixes, exportable experts (MoE).
 
     Args:
         model: the user's model; the model patches are bound to it.
@@ -44,32 +48,39 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Example:
         >>> import torch
         >>> [getattr(p, "func", p).__name__ for p in default_patches(torch.nn.Linear(1, 1))]
-        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_position_interpolation']
+        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_position_interpolation', 'patch_dense_experts']
     """
     bound = tuple(
         functools.partial(patch, model)
-        for patch in (preserve_module_state, patch_eval_mode, patch_attention_implementation, patch_packed_vision_attention)
+        for patch in (preserve_module_state, patch_eval_mode, patch_attention_implementation, patch_packed_vision_attention,
+                      patch_per_image_feature_split)
     )
-    return (functools.partial(registered_caches, cache_classes(model)), *bound, *TORCH_PATCHES, *ssm_patches(model),
-            *arch_patches(model))
+    return (functools.partial(registered_caches, cache_classes(model)), *bound, *CACHE_PATCHES, *TORCH_PATCHES,
+            *ssm_patches(model), *arch_patches(model), *moe_patches(model))
 
 
 __all__ = [
+    "CACHE_PATCHES",
     "DEFAULT_PREFIX_SCAN_LENGTH",
     "TORCH_PATCHES",
     "Patch",
     "arch_patches",
     "default_patches",
+    "dense_experts_forward",
     "patch_attention_implementation",
     "patch_conv3d_patch_embedding",
+    "patch_dense_experts",
     "patch_eval_mode",
     "patch_linear_attention_conv_state",
     "patch_mamba2_chunk_scan",
     "patch_mamba_selective_scan",
     "patch_packed_vision_attention",
+    "patch_per_image_feature_split",
     "patch_position_interpolation",
     "patch_sdpa_fully_masked_rows",
+    "patch_sliding_window_cache",
     "prefix_selective_scan",
+    "moe_patches",
     "preserve_module_state",
     "registered_caches",
     "scanned_selective_scan",

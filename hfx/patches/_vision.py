@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import sys
 from collections.abc import Iterator
@@ -136,4 +137,121 @@ def patch_conv3d_patch_embedding() -> Iterator[None]:
     same values. Other convolutions are unchanged.
     """
     with swap_attr(torch.nn.Conv3d, "forward", _patchwise(torch.nn.Conv3d.forward)):
+        yield
+
+
+
+# Feature methods that split the projected features per image in Python, sized by the batch
+# (LLaVA's ``list(image_features)``, Idefics 2/3 and SmolVLM's ``split(num_real_images_per_batch.tolist())``).
+_PER_IMAGE_SPLITS = ("= list(image_features)", ".split(num_real_images_per_batch.tolist())")
+# Feature methods that split their packed-image tower's output per image (Qwen2-VL, Qwen2.5-VL:
+# ``torch.split(vision_outputs.pooler_output, split_sizes)``, the sizes from ``grid_thw.prod(-1).tolist()``).
+_TOWER_OUTPUT_SPLITS = ("torch.split(vision_outputs.pooler_output",)
+_FEATURE_METHODS = ("get_image_features", "get_video_features")
+
+
+def _per_image_splitters(model: torch.nn.Module) -> dict[tuple[type, str], tuple[str, bool]]:
+    """``{(class, feature method): (child to stop at, whether it is a projector)}`` for methods that split per image.
+
+    A projector: the method splits the projected features; a tower: the method
+    splits what its packed-image tower returns.
+    """
+    from hfx._multimodal import projectors
+
+    found = {}
+    for module in model.modules():
+        cls = type(module)
+        for method in _FEATURE_METHODS:
+            function = vars(cls).get(method)
+            if (cls, method) in found or function is None:
+                continue
+            with contextlib.suppress(OSError, TypeError):
+                source = inspect.getsource(function)
+                named = [name for name in projectors(module) if f"self.{name}(" in source]
+                called = [name for name in module._modules if f"self.{name}(" in source]  # noqa: SLF001
+                if method == "get_image_features" and named and any(split in source for split in _PER_IMAGE_SPLITS):
+                    found[(cls, method)] = (named[0], True)
+                elif called and any(split in source for split in _TOWER_OUTPUT_SPLITS):
+                    found[(cls, method)] = (called[0], False)
+    return found
+
+
+class _TowerTap:
+    """Stands in for a tower: its attributes are the tower's (``self.visual.dtype``), a call stops the method."""
+
+    def __init__(self, tower: torch.nn.Module) -> None:
+        self._tower = tower
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tower, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from hfx._multimodal import ProjectorCall
+
+        raise ProjectorCall(args, kwargs)
+
+
+def _tower_tapped_view(owner: torch.nn.Module, tower: str) -> torch.nn.Module:
+    """A shallow view of ``owner`` (shared children) whose ``tower`` is a ``_TowerTap``."""
+    view = copy.copy(owner)
+    view._modules = dict(owner._modules)  # noqa: SLF001
+    del view._modules[tower]  # noqa: SLF001
+    vars(view)[tower] = _TowerTap(getattr(owner, tower))
+    return view
+
+
+def _joined_features(method: Any, child: str, *, projects: bool) -> Any:
+    """Wrap a feature method: stop at ``child``, call it, return every image's tokens as one tensor.
+
+    ``projects``: ``child`` is the projector (the output's ``last_hidden_state``
+    is its input); otherwise it is the tower, whose output is returned with
+    its ``pooler_output`` in a one-item list.
+    """
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    from hfx._multimodal import ProjectorCall, tapped_view
+
+    def get_features(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if child not in self._modules:  # noqa: SLF001 - a FeatureEncoder's view, already stopping at the projector
+            return method(self, *args, **kwargs)
+        try:
+            method(tapped_view(self, child) if projects else _tower_tapped_view(self, child), *args, **kwargs)
+        except ProjectorCall as stop:
+            output = getattr(self, child)(*stop.args, **stop.kwargs)
+            if not projects:
+                output.pooler_output = [output.pooler_output]
+                return output
+            joined = output.reshape(-1, output.shape[-1])
+            return BaseModelOutputWithPooling(last_hidden_state=stop.features, pooler_output=[joined])
+        msg = f"{type(self).__name__}.{method.__name__} returned without calling {child!r}"
+        raise RuntimeError(msg)
+
+    get_features.__wrapped__ = method  # type: ignore[attr-defined]
+    return get_features
+
+
+@contextlib.contextmanager
+def patch_per_image_feature_split(model: torch.nn.Module) -> Iterator[None]:
+    """Keep a per-image split of the image features from fixing the batch in a whole-model graph.
+
+    ``get_image_features`` of LLaVA (``image_features = list(image_features)``)
+    and of Idefics 2/3 and SmolVLM (``image_features.split(
+    num_real_images_per_batch.tolist())``, transformers 5.x) returns one tensor
+    per image (per prompt), a Python list sized by the batch: traced as part
+    of the whole forward, the batch and image count become static. Qwen2-VL
+    and Qwen2.5-VL's ``get_image_features`` / ``get_video_features`` split
+    their tower's packed output with ``torch.split(…, split_sizes)``, sizes
+    from ``grid_thw.prod(-1).tolist()``: data-dependent, no graph holds it.
+    Their only reader, the model's ``forward``, joins the list with
+    ``torch.cat(…, dim=0)``. Within the block, such a method runs up to its
+    projector (or tower) through a tapped view, as ``FeatureEncoder`` does,
+    calls it, and returns a one-item list holding every image's tokens joined
+    (``pooler_output``; for a projector, ``last_hidden_state`` is its input):
+    the same tensor the forward merges, for any batch, image count and size.
+    Delete when transformers keeps the features as one tensor.
+    """
+    with contextlib.ExitStack() as stack:
+        for (cls, method), (child, projects) in _per_image_splitters(model).items():
+            wrapped = _joined_features(vars(cls)[method], child, projects=projects)
+            stack.enter_context(swap_attr(cls, method, wrapped))
         yield

@@ -22,6 +22,7 @@ from hfx._save import load, save  # noqa: E402
 from hfx._verify import verify  # noqa: E402
 from hfx.backends import _onnx  # noqa: E402
 from hfx.backends._onnx import OnnxProgram, lower_to_onnx  # noqa: E402
+from hfx import zoo  # noqa: E402
 from tests.helpers import PARITY_MODELS, new_inputs  # noqa: E402
 
 
@@ -241,3 +242,35 @@ def test_model_the_runtime_rejects_is_a_lowering_error():
     capture = hfx.capture({"input": torch.ones(2, 3, dtype=torch.bfloat16)}, model)
     with pytest.raises(hfx.LoweringError, match="of Linear: ONNX Runtime could not load the lowered model"):
         lower_to_onnx(capture)
+
+
+class _Bfloat16Arithmetic(torch.nn.Module):
+    """A float32 model with bfloat16 arithmetic inside (Falcon's ALiBi slopes) and a bfloat16 output."""
+
+    def forward(self, x):
+        scaled = x.to(torch.bfloat16) * torch.tensor([0.25, 0.0625, 0.015625], dtype=torch.bfloat16)
+        return {"inside": scaled.float() + x, "rounded": scaled / 3}
+
+
+def test_bfloat16_elementwise_ops_run_in_float32_and_round_like_torch():
+    program = lower_to_onnx(hfx.capture({"x": torch.randn(2, 3)}, _Bfloat16Arithmetic()))
+    graph = program.model.graph
+    ops = [(node.op_type, node.outputs[0].dtype) for node in graph]
+    assert ("Mul", ir.DataType.FLOAT) in ops and ("Div", ir.DataType.FLOAT) in ops
+    rounded = graph.outputs[1]  # a bfloat16 graph output keeps its name and becomes the Cast of the float32 Div
+    assert (rounded.name, rounded.dtype, rounded.producer().op_type) == ("rounded", ir.DataType.BFLOAT16, "Cast")
+    assert rounded.producer().inputs[0].producer().op_type == "Div"
+    x = torch.randn(5, 3) * 100
+    # OnnxProgram hands outputs over through numpy, which has no bfloat16: run the float32 output only.
+    session = onnxruntime.InferenceSession(ir.to_proto(program.model).SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    (inside,) = session.run(["inside"], {"x": x.numpy()})
+    assert torch.equal(torch.from_numpy(inside), _Bfloat16Arithmetic()(x)["inside"])
+
+
+def test_lowers_transformers_experts():
+    model = zoo.build("mixtral")
+    exported = hfx.export(hfx.capture(zoo.forward_inputs("mixtral", batch=2, sequence=7), model))
+    new = zoo.forward_inputs("mixtral", batch=3, sequence=11)
+    report = verify(lower_to_onnx(exported), model, new)
+    assert report.max_abs <= 1e-4, str(report)

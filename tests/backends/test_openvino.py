@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import operator
 import shutil
 import warnings
 
@@ -13,6 +14,7 @@ from toolz import pipe
 
 import hfx
 from hfx._save import load, save
+from hfx import zoo
 from hfx._verify import verify
 from tests.helpers import PARITY_MODELS, new_inputs
 
@@ -190,3 +192,55 @@ def test_conversion_failure_names_stage_component_model_and_op(capfd):
 def test_unknown_device_is_a_lowering_error():
     with pytest.raises(hfx.LoweringError, match="of Linear: .*'NO_SUCH_DEVICE'.*Available devices"):
         lower_to_ov(_linear(), device="NO_SUCH_DEVICE")
+
+
+class _PadToWindow(torch.nn.Module):
+    """Pads the last axis to a multiple of 4, as Swin pads to its window: ``operator.mod`` on a dynamic size."""
+
+    def forward(self, x):
+        return torch.nn.functional.pad(x, (0, (4 - x.shape[-1] % 4) % 4)) * 2
+
+
+def test_size_arithmetic_with_mod_converts():
+    shapes = hfx.DynamicShapes(axes={"x": {1: "width"}}, bounds={"width": (2, 64)})
+    exported = hfx.export(hfx.capture({"x": torch.randn(2, 5)}, _PadToWindow(), dynamic_shapes=shapes))
+    assert any(node.target is operator.mod for node in exported.program.graph.nodes)
+    program = lower_to_ov(exported)
+    for width in (5, 8, 11):
+        x = torch.randn(2, width)
+        assert torch.equal(program(x=x), _PadToWindow()(x))
+
+
+def test_lowers_transformers_experts():
+    model = zoo.build("mixtral")
+    exported = hfx.export(hfx.capture(zoo.forward_inputs("mixtral", batch=2, sequence=7), model))
+    report = verify(lower_to_ov(exported), model, zoo.forward_inputs("mixtral", batch=3, sequence=11))
+    assert report.max_abs <= 1e-4, str(report)
+
+
+class _AlibiReshape(torch.nn.Module):
+    """Falcon's decode pattern: a [batch * heads, 1, keys] bias viewed back as (batch, -1, 1, keys)."""
+
+    heads = 4
+
+    def forward(self, x, mask):
+        bias = (x.repeat_interleave(self.heads, 0)[:, None, :] * mask[:, None, :].repeat_interleave(self.heads, 0))
+        return bias.reshape(x.shape[0], -1, 1, x.shape[-1]) + mask[:, None, None, :]
+
+
+def test_a_view_whose_inferred_size_is_static_keeps_it():
+    from hfx.backends._openvino import _static_view_sizes
+
+    shapes = hfx.DynamicShapes(axes={"x": {0: "batch", 1: "keys"}, "mask": {0: "batch", 1: "keys"}},
+                               bounds={"batch": (1, 8), "keys": (2, 64)})
+    exported = hfx.export(hfx.capture({"x": torch.randn(2, 5), "mask": torch.ones(2, 5)}, _AlibiReshape(),
+                                      dynamic_shapes=shapes))
+    module = exported.program.module()
+    _static_view_sizes(module.graph)
+    targets = [n.args[1] for n in module.graph.nodes if n.target in (torch.ops.aten.view.default,
+                                                                     torch.ops.aten.reshape.default)]
+    assert targets and all(-1 not in list(t) for t in targets)
+    program = lower_to_ov(exported)
+    for batch, keys in ((3, 6), (1, 2)):
+        x, mask = torch.randn(batch, keys), torch.rand(batch, keys)
+        torch.testing.assert_close(program(x=x, mask=mask), _AlibiReshape()(x, mask))

@@ -56,3 +56,112 @@ def test_a_model_without_packed_towers_is_untouched(models):
     before = modeling.ALL_ATTENTION_FUNCTIONS
     with patch_packed_vision_attention(models("llama")):
         assert modeling.ALL_ATTENTION_FUNCTIONS is before
+
+
+def _eager_and_patched_features(model, pixels, **kwargs):
+    from hfx.patches import patch_per_image_feature_split
+
+    with torch.no_grad():
+        eager = model.model.get_image_features(pixels, **kwargs).pooler_output
+        with patch_per_image_feature_split(model):
+            patched = model.model.get_image_features(pixels, **kwargs).pooler_output
+    return eager, patched
+
+
+@pytest.mark.parametrize("name", ["llava", "idefics3"])
+def test_per_image_split_gives_every_images_tokens_joined(models, name):
+    model = models(name)
+    pixels = zoo.inputs(name, batch=3, sequence=4)["pixel_values"]
+    eager, patched = _eager_and_patched_features(model, pixels)
+    assert len(eager) == 3 and len(patched) == 1  # one tensor, whatever the number of images
+    torch.testing.assert_close(patched[0], torch.cat(list(eager), dim=0), atol=1e-6, rtol=1e-6)
+
+
+def test_per_image_split_patch_swaps_the_class_method_and_restores_it(models):
+    from transformers.models.llava.modeling_llava import LlavaModel
+
+    from hfx.patches import patch_per_image_feature_split
+
+    original = vars(LlavaModel)["get_image_features"]
+    with patch_per_image_feature_split(models("llava")):
+        assert vars(LlavaModel)["get_image_features"].__wrapped__ is original
+    assert vars(LlavaModel)["get_image_features"] is original
+    with pytest.raises(RuntimeError), patch_per_image_feature_split(models("llava")):
+        raise RuntimeError
+    assert vars(LlavaModel)["get_image_features"] is original
+
+
+def test_per_image_split_patch_leaves_models_without_the_pattern_alone(models):
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3Model
+
+    from hfx.patches import patch_per_image_feature_split
+
+    original = vars(Gemma3Model)["get_image_features"]  # projects, no per-image split
+    with patch_per_image_feature_split(zoo.build("gemma3")):
+        assert vars(Gemma3Model)["get_image_features"] is original
+
+
+def test_llava_forward_exports_with_a_dynamic_batch(models):
+    import hfx
+
+    model = models("llava")
+    exported = hfx.export(hfx.capture(zoo.forward_inputs("llava", batch=2, sequence=3), model))
+    assert exported.io.inputs[0].shape[0] == "batch"
+    inputs = zoo.forward_inputs("llava", batch=3, sequence=4)
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    torch.testing.assert_close(exported(**inputs).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_per_image_split_patch_leaves_a_feature_encoder_stopping_at_the_projector(models):
+    from hfx._multimodal import FeatureEncoder
+    from hfx.patches import patch_per_image_feature_split
+
+    model = models("llava")
+    encoder = FeatureEncoder(model.model, "get_image_features", "multi_modal_projector")
+    pixels = zoo.inputs("llava", batch=2, sequence=4)["pixel_values"]
+    with torch.no_grad():
+        eager = encoder(pixel_values=pixels)
+        with patch_per_image_feature_split(model):  # active for the class, the encoder's view included
+            patched = encoder(pixel_values=pixels)
+    assert torch.equal(patched, eager)
+
+
+def test_a_packed_towers_per_image_split_gives_every_images_tokens_joined(models):
+    model = models("qwen2_5_vl")
+    grid = torch.tensor([[1, 4, 4], [1, 2, 6], [2, 2, 2]])  # three images of 4, 3 and 2 tokens
+    pixels = _images(model.model.visual, grid)
+    eager, patched = _eager_and_patched_features(model, pixels, image_grid_thw=grid)
+    assert [len(t) for t in eager] == [4, 3, 2] and len(patched) == 1
+    torch.testing.assert_close(patched[0], torch.cat(list(eager), dim=0), atol=0, rtol=0)
+
+
+def test_the_packed_split_patch_swaps_both_feature_methods_and_restores_them(models):
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+    from hfx.patches import patch_per_image_feature_split
+
+    originals = {m: vars(Qwen2VLModel)[m] for m in ("get_image_features", "get_video_features")}
+    with patch_per_image_feature_split(models("qwen2_vl")):
+        assert all(vars(Qwen2VLModel)[m].__wrapped__ is original for m, original in originals.items())
+    assert all(vars(Qwen2VLModel)[m] is original for m, original in originals.items())
+    with pytest.raises(RuntimeError), patch_per_image_feature_split(models("qwen2_vl")):
+        raise RuntimeError
+    assert all(vars(Qwen2VLModel)[m] is original for m, original in originals.items())
+
+
+def test_the_packed_split_patch_passes_precomputed_inputs_to_the_tower(models):
+    from hfx._vision_inputs import tower_inputs
+    from hfx.patches import patch_per_image_feature_split
+
+    model = models("qwen2_vl")
+    grid = torch.tensor([[1, 4, 4], [1, 2, 2]])
+    pixels = _images(model.model.visual, grid)
+    given = {f"image_{k}": v for k, v in tower_inputs(model.model.visual, pixels, grid).items()}
+    with torch.no_grad(), patch_per_image_feature_split(model):
+        computed = model.model.get_image_features(pixels, grid).pooler_output[0]
+        precomputed = model.model.get_image_features(pixels, grid, **given).pooler_output[0]
+        one_image = {**given, "image_cu_seqlens": given["image_cu_seqlens"][[0, -1]]}
+        misread = model.model.get_image_features(pixels, grid, **one_image).pooler_output[0]
+    assert torch.equal(precomputed, computed)
+    assert not torch.allclose(misread, computed, atol=1e-4)

@@ -1,0 +1,91 @@
+"""Mixture-of-experts layers in a form every runtime can lower.
+
+transformers 5.x (``integrations/moe.py``) runs the experts of a ``@use_experts_implementation``
+class (Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS, DeepSeek-V3 …) with ``grouped_mm`` by default. Under
+``torch.export`` with float32 weights ``_can_use_grouped_mm`` is false and the experts become
+``torch.ops.transformers.grouped_mm_fallback``, an opaque custom op whose body loops over
+``offs.tolist()``, surrounded by ``sort``, ``histc`` and ``index_put``. torch runs the program, but
+ONNX has no translation for the custom op ("No ONNX function found for transformers.grouped_mm_fallback"),
+OpenVINO no conversion rule, ExecuTorch no kernel. The upstream ``batched_mm`` alternative gathers
+one weight matrix per (token, expert) pair, which for a real model's prefill needs terabytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+
+from hfx.patches._core import Patch, swap_attr
+
+
+def _experts_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    *, transposed: bool) -> torch.Tensor:
+    """``inputs (E, T, in)`` times each expert's ``weight`` (``(E, out, in)``, or ``(E, in, out)`` transposed)."""
+    weight = weight.to(inputs.dtype)
+    output = torch.bmm(inputs, weight if transposed else weight.transpose(1, 2))
+    return output if bias is None else output + bias.to(inputs.dtype)[:, None]
+
+
+def dense_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                          top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The experts' output for ``hidden_states (T, H)``: every expert on every token, weighted by the routing.
+
+    The same function as transformers' ``grouped_mm_experts_forward`` with static shapes: the tokens
+    tiled over the experts, one batched matmul per projection, the outputs scaled by the dense
+    routing weights (zero where a token is not routed) and summed over the experts. It computes
+    ``num_experts / top_k`` times the routed arithmetic, but its memory grows with tokens x experts
+    x intermediate size only (``batched_mm`` gathers a weight matrix per token). Handles the
+    decorator's variants: gated or not, biases, transposed weights, a class's own ``_apply_gate``
+    and a post-expert norm.
+    """
+    num_tokens, hidden_dim = hidden_states.shape
+    tiled = hidden_states.repeat(self.num_experts, 1).view(self.num_experts, num_tokens, hidden_dim)
+    up = "gate_up_proj" if self.has_gate else "up_proj"
+    projected = _experts_linear(tiled, getattr(self, up), getattr(self, f"{up}_bias", None) if self.has_bias else None,
+                                transposed=self.is_transposed)
+    projected = self._apply_gate(projected) if self.has_gate else self.act_fn(projected)
+    projected = _experts_linear(projected, self.down_proj, self.down_proj_bias if self.has_bias else None,
+                                transposed=self.is_transposed)
+    if self.has_post_expert_norm:
+        projected = self.post_expert_norm(projected)
+    routing = torch.zeros(num_tokens, self.num_experts, dtype=top_k_weights.dtype, device=hidden_states.device)
+    routing = routing.scatter(1, top_k_index, top_k_weights)  # (T, E)
+    return (projected * routing.transpose(0, 1)[..., None]).sum(dim=0).to(hidden_states.dtype)
+
+
+def _experts_classes(model: torch.nn.Module) -> tuple[type, ...]:
+    """The ``@use_experts_implementation`` classes in ``model`` (the decorator gives them ``has_gate`` and ``is_transposed``)."""
+    return tuple({type(m) for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "is_transposed")})
+
+
+@contextlib.contextmanager
+def patch_dense_experts(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model``'s experts layers with ``dense_experts_forward`` for the length of the block.
+
+    Works around transformers 5.x's ``grouped_mm`` experts (``integrations/moe.py``), which export
+    as the opaque ``transformers::grouped_mm_fallback`` op plus ``histc`` and ``sort``: no ONNX,
+    OpenVINO or ExecuTorch lowering exists for them. The dense form exports to plain ``bmm``,
+    ``scatter`` and ``sum`` with no data-dependent shape. The experts classes' ``forward`` is
+    swapped and restored on exit; a no-op for a model without such layers. Delete when torch.export
+    keeps a lowerable grouped matmul (or the runtimes translate ``grouped_mm_fallback``).
+
+    Args:
+        model: the model to export; only the experts classes it uses are patched.
+    """
+    with contextlib.ExitStack() as stack:
+        for owner in _experts_classes(model):
+            stack.enter_context(swap_attr(owner, "forward", dense_experts_forward))
+        yield
+
+
+def moe_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
+    """Return the mixture-of-experts patches for ``model``, bound to it (no-ops without experts layers).
+
+    Example:
+        >>> [p.func.__name__ for p in moe_patches(torch.nn.Linear(1, 1))]
+        ['patch_dense_experts']
+    """
+    return (functools.partial(patch_dense_experts, model),)

@@ -1,0 +1,90 @@
+"""patch_dense_experts: transformers' experts layers in a form every runtime lowers, with eager's outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hfx
+from hfx.patches import default_patches, dense_experts_forward, patch_dense_experts
+
+
+def _model(config_name: str, **extra) -> torch.nn.Module:
+    """A one-layer random causal LM of ``config_name`` (4 experts, top 2) whose expert weights are all non-zero."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(
+        vocab_size=64, hidden_size=32, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, num_experts_per_tok=2, **extra)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for parameter in _experts_of(model).parameters():  # biases start at zero; make every term count
+            parameter.normal_(0, 0.5)
+    return model
+
+
+def _experts_of(model: torch.nn.Module) -> torch.nn.Module:
+    return next(m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "is_transposed"))
+
+
+def _experts(config_name: str, **extra) -> torch.nn.Module:
+    return _experts_of(_model(config_name, **extra))
+
+
+def _routing(tokens: int, experts: int = 4, top_k: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(tokens)
+    hidden = torch.randn(tokens, 32, generator=generator)
+    weights, index = torch.randn(tokens, experts, generator=generator).softmax(-1).topk(top_k, dim=-1)
+    return hidden, index, weights
+
+
+# Mixtral: gated, concatenated gate/up; Qwen2-MoE: the same plus shared experts; GPT-OSS: interleaved
+# gate/up, transposed weights, biases and its own clamped gate.
+LAYOUTS = [
+    ("MixtralConfig", {"num_local_experts": 4}),
+    ("Qwen2MoeConfig", {"num_experts": 4, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16}),
+    ("GptOssConfig", {"num_local_experts": 4}),
+]
+
+
+@pytest.mark.parametrize(("config_name", "extra"), LAYOUTS, ids=[c for c, _ in LAYOUTS])
+def test_dense_forward_equals_transformers_grouped_mm(config_name, extra):
+    experts = _experts(config_name, **extra)
+    assert experts.config._experts_implementation == "grouped_mm"
+    hidden, index, weights = _routing(tokens=9)
+    with torch.no_grad():
+        want = experts(hidden, index, weights)
+        got = dense_experts_forward(experts, hidden, index, weights)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_patch_swaps_the_experts_forward_and_restores_it():
+    experts = _experts("MixtralConfig", num_local_experts=4)
+    owner = type(experts)
+    before = vars(owner)["forward"]
+    with patch_dense_experts(experts):
+        assert owner.forward is dense_experts_forward
+    assert vars(owner)["forward"] is before
+    with pytest.raises(RuntimeError), patch_dense_experts(experts):
+        raise RuntimeError
+    assert vars(owner)["forward"] is before
+
+
+def test_is_a_no_op_without_experts():
+    model = torch.nn.Linear(2, 2)
+    with patch_dense_experts(model):
+        assert type(model).forward is torch.nn.Linear.forward
+
+
+def test_export_has_no_opaque_grouped_matmul_and_matches_eager_on_a_new_shape():
+    model = _model("MixtralConfig", num_local_experts=4)
+    assert any(getattr(p, "func", None) is patch_dense_experts for p in default_patches(model))
+    generator = torch.Generator().manual_seed(0)
+    exported = hfx.export(hfx.capture({"input_ids": torch.randint(0, 64, (2, 7), generator=generator)}, model))
+    targets = {str(node.target) for node in exported.program.graph.nodes if node.op == "call_function"}
+    assert not any("grouped_mm" in t or "histc" in t or "sort" in t for t in targets), targets
+    new = torch.randint(0, 64, (3, 11), generator=generator)
+    with torch.no_grad():
+        want = model(input_ids=new).logits
+    torch.testing.assert_close(exported(input_ids=new).logits, want, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,93 @@
+"""vision_inputs: what a whole-forward graph of a packed-image model takes besides the processor's inputs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import hfx
+from hfx import zoo
+from hfx._vision_inputs import precomputed_input_names, tower_inputs, vision_inputs
+from tests.helpers import packed_image_inputs
+
+
+def _mixed_images(config):
+    """Two prompts whose images differ in size: 4x4 and 2x6 patches, as one packed batch."""
+    first = packed_image_inputs(config, 1, 3, (1, 4, 4))
+    second = packed_image_inputs(config, 1, 5, (1, 2, 6))
+    # 1 + 4 + 1 + 3 = 9 and 1 + 3 + 1 + 5 = 10 tokens: pad the first prompt on the left by one.
+    ids = torch.cat([torch.cat([torch.zeros(1, 1, dtype=torch.long), first["input_ids"]], 1), second["input_ids"]])
+    mask = torch.cat([torch.cat([torch.zeros(1, 1, dtype=torch.long), first["attention_mask"]], 1),
+                      second["attention_mask"]])
+    return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == config.image_token_id).long(),
+            "pixel_values": torch.cat([first["pixel_values"], second["pixel_values"]]),
+            "image_grid_thw": torch.tensor([[1, 4, 4], [1, 2, 6]])}
+
+
+def test_the_values_are_the_models_own(models):
+    from transformers import vision_utils
+
+    model = models("qwen2_vl")
+    inputs = _mixed_images(model.config)
+    computed = vision_inputs(model, inputs)
+    grid = inputs["image_grid_thw"]
+    assert sorted(computed) == ["image_cu_seqlens", "image_position_ids", "position_ids"]
+    assert computed["image_cu_seqlens"].tolist() == [0, 16, 28]
+    assert torch.equal(computed["image_position_ids"], vision_utils.get_vision_position_ids(grid, 2))
+    rope, _ = model.model.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
+                                         attention_mask=inputs["attention_mask"], image_grid_thw=grid)
+    assert torch.equal(computed["position_ids"], rope)
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl"])
+def test_the_eager_model_reads_them_and_gives_the_same_outputs(models, name):
+    model = models(name)
+    inputs = _mixed_images(model.config)
+    computed = vision_inputs(model, inputs)
+    wrong = {**computed, "image_cu_seqlens": computed["image_cu_seqlens"][[0, -1]]}  # one image instead of two
+    with torch.no_grad():
+        plain = model(**copy.deepcopy(inputs)).logits
+        given = model(**copy.deepcopy(inputs), **computed).logits
+        misread = model(**copy.deepcopy(inputs), **wrong).logits
+    assert torch.equal(given, plain)
+    assert not torch.allclose(misread, plain, atol=1e-4)  # so the model does read what it is given
+
+
+def test_qwen2_5_vl_also_gets_its_windows(models):
+    model = models("qwen2_5_vl")
+    computed = vision_inputs(model, _mixed_images(model.config))
+    assert {"image_window_index", "image_cu_window_seqlens"} <= computed.keys()
+    assert computed["image_window_index"].shape == (7,)  # 28 patches merged 2x2
+    assert precomputed_input_names(model) >= {"image_window_index", "video_cu_window_seqlens"}
+    assert "image_window_index" not in precomputed_input_names(models("qwen2_vl"))
+
+
+def test_the_towers_layers_do_not_run_and_the_model_is_unchanged(models):
+    tower = models("qwen2_vl").model.visual
+    calls = []
+    handles = [child.register_forward_pre_hook(lambda *_: calls.append(1)) for child in tower.children()]
+    try:
+        found = tower_inputs(tower, None, torch.tensor([[1, 4, 4]]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert sorted(found) == ["cu_seqlens", "position_ids"] and not calls
+    assert "patch_embed" not in vars(tower) and isinstance(tower.patch_embed, torch.nn.Module)
+
+
+def test_given_positions_are_kept_and_other_models_get_nothing(models):
+    model = models("qwen2_vl")
+    inputs = zoo.inputs("qwen2_vl")
+    assert "position_ids" not in vision_inputs(model, {**inputs, "position_ids": torch.zeros(3, 2, 13)})
+    assert vision_inputs(models("llava"), zoo.inputs("llava")) == {}
+    assert vision_inputs(model, {k: v for k, v in inputs.items() if k not in ("image_grid_thw", "pixel_values")}) == {}
+
+
+def test_the_whole_forward_exports_for_any_image_count_and_size(models):
+    model = models("qwen2_vl")
+    exported = hfx.export(hfx.capture(zoo.forward_inputs("qwen2_vl", batch=2, sequence=7), model))
+    assert hfx.verify(exported, model, zoo.forward_inputs("qwen2_vl", batch=3, sequence=11)).passed  # 3 images of 4x6
+    inputs = _mixed_images(model.config)
+    assert hfx.verify(exported, model, {**inputs, **vision_inputs(model, inputs)}).passed  # 2 images, 4x4 and 2x6
