@@ -1,7 +1,7 @@
 """Coverage of the hfx zoo on every runtime, side by side with the peer (transformers.exporters).
 
     python benchmarks/coverage.py [--only llama,gemma2] [--runtimes torch,onnx,pte,ov] [--kinds forward,generation]
-                                  [--tools hfx,peer] [--jobs 1] [--timeout 600] [--force]
+                                  [--tools hfx,peer] [--jobs 1] [--timeout 600] [--force | --failed]
     python benchmarks/coverage.py --report          # only rewrite docs/coverage.md from the JSON
     python benchmarks/coverage.py --cell gemma2,onnx,forward,hfx   # one cell, printed as JSON
 
@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="cells run at the same time")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
     parser.add_argument("--force", action="store_true", help="rerun cells that already have a result")
+    parser.add_argument("--failed", action="store_true", help="rerun the cells whose result is a failure")
     parser.add_argument("--report", action="store_true", help="only rewrite docs/coverage.md from the JSON")
     args = parser.parse_args()
 
@@ -159,7 +160,8 @@ def main() -> None:
     keys = planned_cells(_names(args.only, tuple(zoo.ENTRIES)), _names(args.runtimes, cells.RUNTIMES),
                          _names(args.kinds, cells.KINDS), _names(args.tools, cells.TOOLS))
     done = load_results()["cells"]
-    todo = [key for key in keys if args.force or key not in done]
+    todo = [key for key in keys
+            if args.force or key not in done or (args.failed and done[key].get("status") == "fail")]
     print(f"{len(todo)} cells to run ({len(keys) - len(todo)} already done)", flush=True)
     run(todo, jobs=args.jobs, timeout=args.timeout)
 

@@ -72,7 +72,10 @@ def capture(
     Args:
         inputs: keyword arguments for ``model.forward`` (a dict or a tokenizer's ``BatchEncoding``).
         model: the model to export; it is not modified.
-        dynamic_shapes: named dynamic axes to use instead of ``infer_dynamic_shapes``.
+        dynamic_shapes: named dynamic axes to use instead of ``infer_dynamic_shapes``. Without them,
+            inputs that hold a packed-image model's precomputed tower inputs (``hfx.vision_inputs``)
+            get the inferred axes plus those of the packed inputs (``image_patches``, ``image_count``,
+            ``image_boundaries`` …), so one graph takes any number and size of images.
         name: the component name used in errors and in saved files.
 
     Returns:

@@ -21,6 +21,7 @@ become trailing outputs first (``with_updates_as_outputs``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import re
@@ -52,8 +53,9 @@ from hfx.backends._common import (
     spec_caches,
     with_log,
 )
-from hfx.backends._xnnpack_patches import patch_xnnpack_unsqueeze_dynamic_dims
-from hfx.patches import swap_attr
+from hfx.backends._xnnpack_patches import patch_xnnpack_partitioner
+from hfx.patches import Patch, swap_attr, swap_item, with_patches
+from hfx.patches._edge import patch_exact_upper_bounds
 
 RUNTIME = "pte"
 
@@ -87,6 +89,10 @@ _ERROR_NAMES = MappingProxyType(
 _BEYOND_BOUND = re.compile(r"\((\w+)\) is (\d+), outside the program's bounds")
 
 _FD2_LOCK = threading.Lock()
+
+# ATen ops outside core ATen that neither ExecuTorch's decompositions nor its kernels cover, and that torch's own
+# decomposition table rewrites into core ops: Idefics3 / SmolVLM's patch positions call ``torch.bucketize``.
+EDGE_DECOMPOSED_OPS: tuple[torch._ops.OpOverload, ...] = (torch.ops.aten.bucketize.Tensor,)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -263,7 +269,8 @@ def _to_pte(
         todo = "Lower with other max_sizes; the error names the dim torch.export disagrees with."
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
     try:
-        with patch_edge_verifier_sym_functions(), patch_xnnpack_unsqueeze_dynamic_dims():
+        program = decomposed_for_edge(program)
+        with with_patches(*LOWERING_PATCHES):
             edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
             return edge.to_executorch().buffer, kept
     except Exception as exc:
@@ -273,6 +280,31 @@ def _to_pte(
             "export (export(patches=...)); the log below names the pass that failed."
         )
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
+
+
+def decomposed_for_edge(program: torch.export.ExportedProgram, /) -> torch.export.ExportedProgram:
+    """``program`` with each op of ``EDGE_DECOMPOSED_OPS`` it calls decomposed by torch's own decomposition.
+
+    ExecuTorch's edge verifier accepts core ATen ops only, and ``to_edge``
+    decomposes with torch's core-ATen table, which leaves these ops out (and
+    ExecuTorch has no kernel for them): "Operator torch._ops.aten.bucketize.Tensor
+    is not in Core ATen opset". A program without them is returned as it is;
+    otherwise ``run_decompositions`` returns a new program (``program`` is kept).
+
+    Example:
+        >>> import torch
+        >>> class Buckets(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return torch.bucketize(x, torch.tensor([0.0, 1.0]), right=True)
+        >>> ep = decomposed_for_edge(torch.export.export(Buckets(), (torch.tensor([-1.0, 0.0, 2.0]),)))
+        >>> torch.ops.aten.bucketize.Tensor in {n.target for n in ep.graph.nodes}, ep.module()(torch.tensor([-1.0, 0.0, 2.0]))
+        (False, tensor([0, 1, 2]))
+    """
+    from torch._decomp import decomposition_table
+
+    present = {node.target for node in program.graph.nodes if node.op == "call_function"}
+    table = {op: decomposition_table[op] for op in EDGE_DECOMPOSED_OPS if op in present}
+    return program.run_decompositions(table) if table else program
 
 
 def _bounded(
@@ -329,6 +361,59 @@ def patch_edge_verifier_sym_functions() -> Iterator[None]:
     allowed = {*vars(verifier)["_EXECUTORCH_SYM_OPS"], *_PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS}
     with swap_attr(verifier, "_EXECUTORCH_SYM_OPS", allowed):
         yield
+
+
+def _returns_one_tensor_list(target: Any) -> bool:
+    """Whether ``target`` is an edge op whose schema returns a single ``Tensor[]`` (``split_with_sizes_copy``, ``unbind_copy``)."""
+    returns = getattr(getattr(target, "_schema", None), "returns", ())
+    return len(returns) == 1 and returns[0].type == torch.ListType.ofTensors()
+
+
+def _validating_list_returns_whole(original: Any) -> Any:
+    """Wrap ``EdgeOpArgValidator.call_function`` so that it sees a ``Tensor[]`` return as one value, not as its items."""
+
+    @functools.wraps(original)
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:  # noqa: ANN001
+        if not _returns_one_tensor_list(target):
+            return original(self, target, args, kwargs)
+        with swap_item(self.node.meta, "val", (self.node.meta["val"],)):
+            return original(self, target, args, kwargs)
+
+    call_function.__wrapped__ = original
+    return call_function
+
+
+@contextlib.contextmanager
+def patch_edge_validator_list_returns() -> Iterator[None]:
+    """Keep ExecuTorch's edge dtype validator from fixing the batch of a graph that splits a batched tensor.
+
+    executorch 1.5.1's ``EdgeOpArgValidator.call_function``
+    (exir/verification/arg_validator.py:103-129) iterates ``node.meta["val"]``
+    as the op's list of returns. For an op that returns one ``Tensor[]``
+    (``split_with_sizes_copy``, ``split_copy``, ``unbind_copy``: any
+    ``chunk``/``split``/``unbind``) that list is the split's pieces, so it takes
+    the first piece for the whole return and calls ``range(len(piece))`` on it:
+    the piece's symbolic dim 0 (the batch) is specialised to its trace size, the
+    guard ``Eq(batch, 2)`` enters the program's shape environment and the memory
+    plan, and the ``.pte`` runs at the trace batch only ("Attempted to resize a
+    static tensor", 0x12; Mamba's ``in_proj(...).chunk(2, dim=1)``). This hands
+    the validator such a return wrapped in a one-item tuple, which is what it
+    expects. Delete when the validator handles a single ``Tensor[]`` return.
+    """
+    from executorch.exir.verification.arg_validator import EdgeOpArgValidator
+
+    original = vars(EdgeOpArgValidator)["call_function"]
+    with swap_attr(EdgeOpArgValidator, "call_function", _validating_list_returns_whole(original)):
+        yield
+
+
+# The patches ``lower_to_pte`` enters around ExecuTorch's lowering (edge verifier, XNNPACK partitioner).
+LOWERING_PATCHES: tuple[Patch, ...] = (
+    patch_edge_verifier_sym_functions,
+    patch_edge_validator_list_returns,
+    patch_xnnpack_partitioner,
+    patch_exact_upper_bounds,
+)
 
 
 def example_kwargs(exported: Exported, bounds: Mapping[str, tuple[int, int | None]]) -> dict[str, Any]:

@@ -28,7 +28,12 @@ from hfx.patches._ssm import (
     ssm_patches,
 )
 from hfx.patches._torch import patch_sdpa_fully_masked_rows
-from hfx.patches._vision import patch_conv3d_patch_embedding, patch_packed_vision_attention, patch_per_image_feature_split
+from hfx.patches._vision import (
+    patch_conv3d_patch_embedding,
+    patch_packed_vision_attention,
+    patch_per_image_feature_split,
+    patch_window_permutation,
+)
 
 # Patches of torch itself that every export needs, whatever the model.
 TORCH_PATCHES: tuple[Patch, ...] = (patch_sdpa_fully_masked_rows, patch_conv3d_patch_embedding)
@@ -48,12 +53,12 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Example:
         >>> import torch
         >>> [getattr(p, "func", p).__name__ for p in default_patches(torch.nn.Linear(1, 1))]
-        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_position_interpolation', 'patch_dense_experts']
+        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_position_interpolation', 'patch_dense_experts']
     """
     bound = tuple(
         functools.partial(patch, model)
         for patch in (preserve_module_state, patch_eval_mode, patch_attention_implementation, patch_packed_vision_attention,
-                      patch_per_image_feature_split)
+                      patch_per_image_feature_split, patch_window_permutation)
     )
     return (functools.partial(registered_caches, cache_classes(model)), *bound, *CACHE_PATCHES, *TORCH_PATCHES,
             *ssm_patches(model), *arch_patches(model), *moe_patches(model))
@@ -76,6 +81,7 @@ __all__ = [
     "patch_mamba_selective_scan",
     "patch_packed_vision_attention",
     "patch_per_image_feature_split",
+    "patch_window_permutation",
     "patch_position_interpolation",
     "patch_sdpa_fully_masked_rows",
     "patch_sliding_window_cache",

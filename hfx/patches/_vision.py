@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import math
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -254,4 +255,98 @@ def patch_per_image_feature_split(model: torch.nn.Module) -> Iterator[None]:
         for (cls, method), (child, projects) in _per_image_splitters(model).items():
             wrapped = _joined_features(vars(cls)[method], child, projects=projects)
             stack.enter_context(swap_attr(cls, method, wrapped))
+        yield
+
+
+def inverse_permutation(index: torch.Tensor) -> torch.Tensor:
+    """``torch.argsort(index)`` for a 1-D permutation of ``0..n-1``, as one scatter (no sort).
+
+    Example:
+        >>> inverse_permutation(torch.tensor([2, 0, 3, 1])).tolist()
+        [1, 3, 0, 2]
+    """
+    positions = torch.arange(index.shape[0], device=index.device, dtype=index.dtype)
+    return torch.zeros_like(index).scatter(0, index, positions)
+
+
+class _TorchSortingPermutations:
+    """``torch`` as a modeling module sees it, with ``argsort`` of a 1-D tensor taken as a permutation's inverse."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def argsort(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:  # noqa: A002 - torch's name
+        if args or kwargs or input.ndim != 1:
+            return torch.argsort(input, *args, **kwargs)
+        return inverse_permutation(input)
+
+
+# The call whose argument is always a permutation: Qwen2.5-VL-style towers undo their window order with it.
+_WINDOW_ARGSORT = "torch.argsort(window_index)"
+# The method that puts Qwen2.5-VL-style towers' patches (and rotary tables) in window order.
+_WINDOW_PERMUTE = "permute_input_for_window_attn"
+
+
+def in_window_order(self: torch.nn.Module, input_tensor: torch.Tensor, window_index: torch.Tensor,
+                    seq_len: int) -> torch.Tensor:
+    """``input_tensor``'s rows in window order: the ``spatial_merge_unit`` rows of each merged patch, moved by ``window_index``.
+
+    The same values as Qwen2.5-VL's ``permute_input_for_window_attn``, as one
+    row gather whose size follows ``window_index`` (``unit * windows`` rows),
+    not ``seq_len // unit``.
+
+    Example:
+        >>> class Tower:
+        ...     spatial_merge_unit = 2
+        >>> in_window_order(Tower(), torch.arange(6)[:, None], torch.tensor([2, 0, 1]), 6).flatten().tolist()
+        [4, 5, 0, 1, 2, 3]
+    """
+    del seq_len
+    unit = self.spatial_merge_unit
+    rows = (window_index[:, None] * unit + torch.arange(unit, device=window_index.device)).reshape(-1)
+    return input_tensor[rows].reshape(rows.shape[0], math.prod(input_tensor.shape[1:]))
+
+
+def _window_permuting_towers(model: torch.nn.Module) -> tuple[list[type], list[Any]]:
+    """``(tower classes with the window-order method, their modeling modules whose only argsort undoes it)``."""
+    classes, namespaces = [], []
+    for cls in {type(module) for module in model.modules()}:
+        forward = vars(cls).get("forward")
+        if forward is None or _WINDOW_PERMUTE not in vars(cls):
+            continue
+        classes.append(cls)
+        namespace = sys.modules[cls.__module__]
+        with contextlib.suppress(OSError, TypeError):
+            if (_WINDOW_ARGSORT in inspect.getsource(forward) and inspect.getsource(namespace).count("argsort(") == 1
+                    and namespace not in namespaces):
+                namespaces.append(namespace)
+    return classes, namespaces
+
+
+@contextlib.contextmanager
+def patch_window_permutation(model: torch.nn.Module) -> Iterator[None]:
+    """Put a windowed vision tower's patches in window order and back in a graph ExecuTorch can plan and run.
+
+    Qwen2.5-VL's tower (transformers 5.x, ``modeling_qwen2_5_vl.py``) reorders
+    its patches into attention windows with ``permute_input_for_window_attn``
+    (``reshape(seq_len // unit, unit, -1)[window_index].reshape(seq_len, -1)``)
+    and restores the order with ``torch.argsort(window_index)``. Traced, the
+    first gives sizes like ``windows * (patches // (patches // 4))``, which
+    ExecuTorch's memory planning cannot bound: it plans the trace size and the
+    runtime fails on more patches ("Attempted to resize a bounded tensor",
+    0x12). ExecuTorch 1.5.1 has no sort kernel (``OperatorMissing``, 0x14 at
+    load). Within the block the method is ``in_window_order`` (sizes from
+    ``window_index``'s length), and the modeling modules whose only
+    ``argsort`` is that call see a ``torch`` whose 1-D ``argsort`` is
+    ``inverse_permutation`` (``window_index`` is a permutation, see
+    ``get_vision_window_index``): the same values on every runtime. Delete when
+    ExecuTorch ships a sort kernel and transformers sizes the reshape by ``-1``.
+    """
+    classes, namespaces = _window_permuting_towers(model)
+    with contextlib.ExitStack() as stack:
+        for cls in classes:
+            stack.enter_context(swap_attr(cls, _WINDOW_PERMUTE, in_window_order))
+        for namespace in namespaces:
+            stack.enter_context(swap_attr(namespace, "torch", _TorchSortingPermutations()))
         yield

@@ -165,3 +165,62 @@ def test_the_packed_split_patch_passes_precomputed_inputs_to_the_tower(models):
         misread = model.model.get_image_features(pixels, grid, **one_image).pooler_output[0]
     assert torch.equal(precomputed, computed)
     assert not torch.allclose(misread, computed, atol=1e-4)
+
+
+def test_the_window_order_is_undone_without_a_sort_and_the_tower_gives_its_own_features(models):
+    """The tower's own features, and a graph without a sort (ExecuTorch has none) or sizes from ``patches // 4``."""
+    import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as modeling
+
+    from hfx.patches import patch_window_permutation
+
+    model = models("qwen2_5_vl")
+    tower = model.model.visual
+    grid = torch.tensor([[1, 4, 4], [1, 2, 6], [2, 2, 2]])
+    pixels = _images(tower, grid)
+    with torch.no_grad():
+        eager = tower(pixels, grid_thw=grid).pooler_output
+        with patch_window_permutation(model):
+            assert modeling.torch.argsort(torch.tensor([2, 0, 1])).tolist() == [1, 2, 0]
+            patched = tower(pixels, grid_thw=grid).pooler_output
+            program = torch.export.export(_Undo(), (torch.tensor([1, 3, 0, 2]),), strict=False)
+    assert torch.equal(patched, eager)
+    assert "aten.sort" not in str(program.graph) and "argsort" not in str(program.graph)
+    with patch_window_permutation(model):  # unpatched, torch asks for patches = 4*_patches (a guard on every size)
+        args = (torch.randn(32, 8), torch.arange(8))
+        shapes = ({0: torch.export.Dim("patches")}, {0: torch.export.Dim("window")})
+        traced = torch.export.export(_Permute(tower), args, dynamic_shapes=shapes, strict=False)
+    windows = traced.graph.find_nodes(op="placeholder")[-1].meta["val"].shape[0]
+    rows = traced.graph.find_nodes(op="output")[0].args[0][0].meta["val"].shape[0]
+    assert str(rows) == f"4*{windows}"  # sized by the windows, which ExecuTorch can bound
+
+
+class _Permute(torch.nn.Module):
+    def __init__(self, tower):
+        super().__init__()
+        self.tower = tower
+
+    def forward(self, rows, window_index):
+        return self.tower.permute_input_for_window_attn(rows, window_index, rows.shape[0])
+
+
+class _Undo(torch.nn.Module):
+    def forward(self, index):
+        import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as modeling
+
+        return modeling.torch.argsort(index)
+
+
+def test_the_window_patch_is_restored_and_leaves_other_models_alone(models):
+    import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as modeling
+    import transformers.models.qwen2_vl.modeling_qwen2_vl as qwen2_vl
+
+    from hfx.patches import patch_window_permutation
+
+    tower = modeling.Qwen2_5_VisionTransformerPretrainedModel
+    original = vars(tower)["permute_input_for_window_attn"]
+    with pytest.raises(RuntimeError), patch_window_permutation(models("qwen2_5_vl")):
+        assert modeling.torch is not torch and vars(tower)["permute_input_for_window_attn"] is not original
+        raise RuntimeError
+    assert vars(modeling)["torch"] is torch and vars(tower)["permute_input_for_window_attn"] is original
+    with patch_window_permutation(models("qwen2_vl")):  # no windows: nothing to undo
+        assert vars(qwen2_vl)["torch"] is torch and vars(modeling)["torch"] is torch
