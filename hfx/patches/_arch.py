@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from hfx.patches._core import Patch, swap_attr
+from hfx.patches._core import Patch, swap_attr_on_each
 
 
 def always_interpolated_positions(self: torch.nn.Module, embeddings: torch.Tensor, height: int,
@@ -65,9 +65,8 @@ def patch_position_interpolation(model: torch.nn.Module) -> Iterator[None]:
     Args:
         model: the model to export; only the embedding classes it uses are patched.
     """
-    with contextlib.ExitStack() as stack:
-        for owner in _interpolating_embedding_classes(model):
-            stack.enter_context(swap_attr(owner, "interpolate_pos_encoding", always_interpolated_positions))
+    with swap_attr_on_each(_interpolating_embedding_classes(model), "interpolate_pos_encoding",
+                           always_interpolated_positions):
         yield
 
 

@@ -7,7 +7,7 @@ process-global while active: do not run exports concurrently in threads.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any, ContextManager
 
 from hfx._errors import PatchError
@@ -39,6 +39,24 @@ def swap_attr(owner: Any, name: str, value: Any) -> Iterator[None]:
             delattr(owner, name)
         else:
             setattr(owner, name, old)
+
+
+@contextlib.contextmanager
+def swap_attr_on_each(owners: Iterable[Any], name: str, value: Any) -> Iterator[None]:
+    """``swap_attr(owner, name, value)`` for every owner in ``owners`` at once; all restored on exit.
+
+    >>> class A: x = 1
+    >>> class B: x = 1
+    >>> with swap_attr_on_each((A, B), "x", 2):
+    ...     A.x, B.x
+    (2, 2)
+    >>> A.x, B.x
+    (1, 1)
+    """
+    with contextlib.ExitStack() as stack:
+        for owner in owners:
+            stack.enter_context(swap_attr(owner, name, value))
+        yield
 
 
 @contextlib.contextmanager

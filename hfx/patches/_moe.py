@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import torch
 
-from hfx.patches._core import Patch, swap_attr
+from hfx.patches._core import Patch, swap_attr_on_each
 
 
 def _experts_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -75,9 +75,7 @@ def patch_dense_experts(model: torch.nn.Module) -> Iterator[None]:
     Args:
         model: the model to export; only the experts classes it uses are patched.
     """
-    with contextlib.ExitStack() as stack:
-        for owner in _experts_classes(model):
-            stack.enter_context(swap_attr(owner, "forward", dense_experts_forward))
+    with swap_attr_on_each(_experts_classes(model), "forward", dense_experts_forward):
         yield
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hfx.patches._core import Patch, swap_attr
+from hfx.patches._core import Patch, swap_attr, swap_attr_on_each
 
 
 def _prepadded_update_conv_state(original: Any) -> Any:
@@ -290,9 +290,7 @@ def patch_mamba_selective_scan(
         model: the model whose modeling modules define ``mamba_selective_scan``.
         selective_scan: the function swapped in (same signature as transformers').
     """
-    with contextlib.ExitStack() as stack:
-        for source in _modules_defining(model, "mamba_selective_scan"):
-            stack.enter_context(swap_attr(source, "mamba_selective_scan", selective_scan))
+    with swap_attr_on_each(_modules_defining(model, "mamba_selective_scan"), "mamba_selective_scan", selective_scan):
         yield
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from hfx.patches._core import swap_attr
+from hfx.patches._core import swap_attr, swap_attr_on_each
 
 
 def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -344,9 +344,6 @@ def patch_window_permutation(model: torch.nn.Module) -> Iterator[None]:
     ExecuTorch ships a sort kernel and transformers sizes the reshape by ``-1``.
     """
     classes, namespaces = _window_permuting_towers(model)
-    with contextlib.ExitStack() as stack:
-        for cls in classes:
-            stack.enter_context(swap_attr(cls, _WINDOW_PERMUTE, in_window_order))
-        for namespace in namespaces:
-            stack.enter_context(swap_attr(namespace, "torch", _TorchSortingPermutations()))
+    with swap_attr_on_each(classes, _WINDOW_PERMUTE, in_window_order), \
+            swap_attr_on_each(namespaces, "torch", _TorchSortingPermutations()):
         yield
