@@ -15,13 +15,7 @@ REPRESENTATIVES = (
     "gemma2", "roberta", "convnext", "mamba2", "wav2vec2",  # wav2vec2: a derived dim (audio_length = 10*_a)
 )
 # (arch, runtime) -> why it fails today. The test checks that exactly these fail, so a fix shows up here too.
-KNOWN_GAPS = {
-    ("gemma2", "pte"): "XNNPACK logits differ from eager by 8.7e-4 > 1e-4 (soft-capped attention)",
-    # to_edge's argument validator fixes the batch at the trace's (executorch 1.5.1 arg_validator.py:129): the
-    # .pte runs at batch 2 only ("Attempted to resize a static tensor", 0x12); see docs/runtimes/executorch.md.
-    ("mamba2", "pte"): "ExecuTorch runtime 0x12 at batch 3: static batch after to_edge",
-    ("wav2vec2", "pte"): "LoweringError: XNNPACK reshape only supports 1 dynamic dimension (feature extractor convs)",
-}
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
 # runtime -> (module that must be importable, the lowering; None runs the Exported program itself)
 LOWERINGS = {"torch": ("torch", None), "onnx": ("onnxruntime", "lower_to_onnx"),
              "pte": ("executorch", "lower_to_pte"), "ov": ("openvino", "lower_to_ov")}
