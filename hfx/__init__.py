@@ -33,6 +33,7 @@ from hfx._save import save as save
 from hfx._signature import flatten_signature as flatten_signature
 from hfx._verify import Report as Report
 from hfx._verify import verify as verify
+from hfx._vision_inputs import vision_inputs as vision_inputs
 from hfx.backends._executorch import PteProgram as PteProgram
 from hfx.backends._executorch import lower_to_pte as lower_to_pte
 from hfx.backends._onnx import OnnxProgram as OnnxProgram
@@ -83,5 +84,6 @@ __all__ = [
     "quantize_pt2e",
     "save",
     "verify",
+    "vision_inputs",
     "with_patches",
 ]

@@ -310,8 +310,24 @@ def _decode_shapes(capture: Capture, *, multi_token: bool) -> DynamicShapes:
             bounds["past_sequence"] = (0, bounds["past_sequence"][1])
         return DynamicShapes(axes=shapes.axes, bounds=bounds)
     query = {"decoder_sequence"} if "decoder_input_ids" in capture.kwargs else {"sequence"}
-    axes = {leaf: {a: d for a, d in per_axis.items() if d not in query} for leaf, per_axis in shapes.axes.items()}
-    return DynamicShapes(axes=axes, bounds={d: b for d, b in shapes.bounds.items() if d not in query})
+    mask = _one_token_mask_axis(capture, shapes)
+    axes = {leaf: {a: mask.get(d, d) for a, d in per_axis.items() if d not in query}
+            for leaf, per_axis in shapes.axes.items()}
+    return DynamicShapes(axes=axes, bounds={d: b for d, b in shapes.bounds.items() if d not in query | set(mask)})
+
+
+def _one_token_mask_axis(capture: Capture, shapes: DynamicShapes) -> dict[str, str]:
+    """``{"total_sequence": "past_sequence + 1"}`` when a one-token step's mask spans the past and that token.
+
+    Told so up front, torch.export traces the step once; given two independent
+    dims it fails on their relation and the mask's range and traces again with
+    its suggested fixes, three traces in all.
+    """
+    sizes = {dim: int(tensor.shape[axis]) for leaf, tensor, _ in owned_tensors(capture.kwargs)
+             for axis, dim in shapes.axes.get(leaf, {}).items()}
+    if "total_sequence" in sizes and sizes["total_sequence"] == sizes.get("past_sequence", -2) + 1:
+        return {"total_sequence": "past_sequence + 1"}
+    return {}
 
 
 def _encoder_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any], packed: bool) -> Capture:

@@ -124,7 +124,7 @@ def _default_bounds(model: torch.nn.Module | None) -> dict[str, tuple[int, int |
         "sequence": sequence,
         "decoder_sequence": sequence,
         "total_sequence": sequence,
-        "past_sequence": (1, limit),
+        "past_sequence": (1, limit - 1 if limit else None),  # a step adds at least one token to the past
     }
 
 

@@ -80,7 +80,8 @@ def _export_refining(
     check on a growing cache) has no suggested fix: the export is then retried
     with such guards kept as runtime asserts in the graph.
     """
-    declared, deferred = shapes, False
+    # A growing cache's concatenation leaves a guard torch cannot prove (below): keep such guards as asserts at once.
+    declared, deferred = shapes, "past_sequence" in shapes.bounds
     for _ in range(_MAX_REFINEMENTS + 2):
         try:
             program = _torch_export(flat, shapes, patches, deferred=deferred, declared=declared)

@@ -35,7 +35,7 @@ def test_decode_query_axis_is_static_past_is_dynamic(llama_parts):
     axes = llama_parts["decode"].dynamic_shapes.axes
     assert dict(axes["input_ids"]) == {0: "batch"}
     assert dict(axes["past_key_values.layers.0.keys"]) == {0: "batch", 2: "past_sequence"}
-    assert dict(axes["attention_mask"]) == {0: "batch", 1: "total_sequence"}
+    assert dict(axes["attention_mask"]) == {0: "batch", 1: "past_sequence + 1"}
 
 
 def test_a_mask_is_added_when_the_caller_gave_none(models):

@@ -67,6 +67,8 @@ def without_runtime_asserts(exported: Exported) -> Exported:
     if not any(_is_assert(node) for node in program.graph.nodes):
         return exported
     graph = copy.deepcopy(program.graph)
+    for original, node in zip(program.graph.find_nodes(op="placeholder"), graph.find_nodes(op="placeholder")):
+        node.name = node.target = original.name  # the copy renames a builtin's name (``input`` -> ``input_1``)
     for node in [n for n in graph.nodes if _is_assert(n)]:
         graph.erase_node(node)
     changed = True

@@ -39,6 +39,7 @@ from toolz import curry
 from torch.utils import _pytree as pytree
 
 from hfx._compose import per_component
+from hfx._dynamic_shapes import derived_dim
 from hfx._errors import InputError, LoweringError
 from hfx._io import call
 from hfx._records import Capture, DynamicShapes, Exported, IoSpec
@@ -53,6 +54,7 @@ from hfx.backends._common import (
     spec_caches,
     with_log,
 )
+from hfx.backends._sdpa_layout import patch_sdpa_decomposition_layout
 from hfx.backends._xnnpack_patches import patch_xnnpack_partitioner
 from hfx.patches import Patch, swap_attr, swap_item, with_patches
 from hfx.patches._edge import patch_exact_upper_bounds
@@ -321,7 +323,7 @@ def _bounded(
     program = exported.program
     dynamic = {name: b for name, b in bounds.items() if b[0] != b[1]}
     kwargs = example_kwargs(exported, bounds)
-    axes = {leaf: {a: d for a, d in per_axis.items() if d in dynamic} for leaf, per_axis in exported.dynamic_shapes.axes.items()}
+    axes = {leaf: {a: d for a, d in per_axis.items() if derived_dim(d)[0] in dynamic} for leaf, per_axis in exported.dynamic_shapes.axes.items()}
     module = program.module()
     again = export(
         Capture(module=module, source=module, kwargs=kwargs, dynamic_shapes=DynamicShapes(axes=axes, bounds=dynamic),
@@ -413,6 +415,7 @@ LOWERING_PATCHES: tuple[Patch, ...] = (
     patch_edge_validator_list_returns,
     patch_xnnpack_partitioner,
     patch_exact_upper_bounds,
+    patch_sdpa_decomposition_layout,
 )
 
 
@@ -457,12 +460,18 @@ def _example_size(hint: int, lo: int, hi: int) -> int:
 
 
 def _example(shape: tuple[int | str, ...], val: Any, sizes: Mapping[str, int]) -> Any:
-    """A zero tensor like the placeholder ``val``, each named dim at ``sizes[name]`` (tracing reads only shapes)."""
+    """A zero tensor like the placeholder ``val``, each named dim at ``sizes[name]`` (tracing reads only shapes).
+
+    A derived dim (``"past_sequence + 1"``) is sized from its base.
+    """
     if not isinstance(val, torch.Tensor):
         return val
-    dims = [sizes.get(want, _concrete(size)) if isinstance(want, str) else _concrete(size)
-            for want, size in zip(shape, val.shape)]
-    return torch.zeros(dims, dtype=val.dtype)
+    return torch.zeros([_named_size(want, size, sizes) for want, size in zip(shape, val.shape)], dtype=val.dtype)
+
+
+def _named_size(want: int | str, size: int | torch.SymInt, sizes: Mapping[str, int]) -> int:
+    base, offset = derived_dim(want) if isinstance(want, str) else (None, 0)
+    return sizes[base] + offset if base in sizes else _concrete(size)
 
 
 def _concrete(size: int | torch.SymInt) -> int:

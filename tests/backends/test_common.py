@@ -1,0 +1,31 @@
+"""The helpers every backend shares (hfx/backends/_common.py), in isolation."""
+
+from __future__ import annotations
+
+import torch
+
+import hfx
+from hfx.backends._common import without_runtime_asserts
+
+
+class _DataDependent(torch.nn.Module):
+    """A runtime assert on a data-dependent size, and an input named like a Python builtin."""
+
+    def forward(self, input):  # noqa: A002 - the name under test
+        count = input.sum().to(torch.int64).item()
+        torch._check(count >= 0)
+        return input * 2, torch.zeros(count)
+
+
+def _asserts(exported: hfx.Exported) -> int:
+    return sum(node.target is torch.ops.aten._assert_scalar.default for node in exported.program.graph.nodes)
+
+
+def test_runtime_asserts_are_dropped_and_the_given_program_is_kept():
+    exported = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, _DataDependent()))
+    stripped = without_runtime_asserts(exported)
+    assert _asserts(exported) > 0 and _asserts(stripped) == 0
+    doubled, zeros = stripped.program.module()(input=torch.ones(4, 3))
+    assert torch.equal(doubled, torch.full((4, 3), 2.0)) and zeros.shape == (12,)
+    # the copy keeps the input's name (a graph copy renames a builtin's, ``input`` -> ``input_1``)
+    assert [n.name for n in stripped.program.graph.find_nodes(op="placeholder")] == ["input"]
