@@ -117,7 +117,10 @@ def render(results: dict[str, Any]) -> str:
         "`hfx.generate` must return eager `generate`'s greedy tokens (8 new tokens, batch 2, left padding).",
         "The peer (`transformers.exporters`) is run the way its docs show (`export(model, inputs, Config(dynamic=True))`);",
         "it has no loop that generates with its exported graphs, so its generation cells record what",
-        "`export_for_generation` exports, as `n/a`.",
+        "`export_for_generation` exports, as `n/a`. Its OpenVINO programs compile on `AUTO`, which on this CPU",
+        "(avx512_bf16) runs at `INFERENCE_PRECISION_HINT` bfloat16 although the peer records f32 in the model's",
+        "runtime options (checked on its compiled model: BERT pooler 1.1e-3 from eager, Llama logits 0.26, also",
+        "at the capture shape); hfx compiles with f32. The peer's OpenVINO parity failures are measured at that precision.",
         "",
         f"Cells: `✓ export-seconds max-diff`, `✗ reason`, `{_NOT_APPLICABLE}` not applicable (no `generate`), "
         f"`{_NOT_RUN}` not run yet.",

@@ -10,6 +10,7 @@ import torch
 from toolz import curry
 from torch.utils import _pytree as pytree
 
+from hfx._asserts import on_input_sizes_only, without_asserts
 from hfx._caches import cache_classes, registered_caches
 from hfx._compose import per_component
 from hfx._dynamic_shapes import infer_dynamic_shapes, named_leaves, refine, to_torch, widen_unit_axes
@@ -109,6 +110,10 @@ def _torch_export(
             prefer_deferred_runtime_asserts_over_guards=deferred,
         )
         _restore_lower_bounds(program, flat.kwargs, shapes, declared)
+    if deferred:
+        # Guards on input sizes kept as asserts assume the traced sizes (a dim traced at 2 is not 1) and refuse
+        # sizes the declared bounds allow; hfx checks inputs against those bounds. Data-dependent checks stay.
+        program = without_asserts(program, drop=on_input_sizes_only)
     return without_unused_weights(program)
 
 

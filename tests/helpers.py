@@ -57,3 +57,12 @@ def packed_image_inputs(config, batch: int, text: int, grid: tuple[int, int, int
     return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == config.image_token_id).long(),
             "pixel_values": torch.randn(batch * t * h * w, patch, generator=generator),
             "image_grid_thw": torch.tensor([list(grid)] * batch)}
+
+
+class DataDependent(torch.nn.Module):
+    """A runtime assert on a data-dependent size, and an input named like a Python builtin."""
+
+    def forward(self, input):  # noqa: A002 - the name under test
+        count = input.sum().to(torch.int64).item()
+        torch._check(count >= 0)
+        return input * 2, torch.zeros(count)

@@ -44,10 +44,6 @@ def spec_caches(exported: Exported) -> Any:
     return registered_caches(classes_in_spec(exported.io.in_spec) + classes_in_spec(exported.io.out_spec))
 
 
-_ASSERT_OPS = ("aten._assert_scalar", "aten._assert_tensor_metadata", "aten.sym_constrain_range_for_size",
-               "aten._assert_async")
-
-
 def without_runtime_asserts(exported: Exported) -> Exported:
     """``exported`` with the graph's runtime asserts (and the nodes only they used) removed.
 
@@ -57,53 +53,12 @@ def without_runtime_asserts(exported: Exported) -> Exported:
     ExecuTorch and OpenVINO no asserts. hfx checks names, dtypes, dims and
     bounds before a call. The graph is copied; the ``Exported`` given is not changed.
     """
-    import copy
-
     import attrs
-    import torch
-    from torch.export.exported_program import ExportedProgram
 
-    program = exported.program
-    if not any(_is_assert(node) for node in program.graph.nodes):
-        return exported
-    graph = copy.deepcopy(program.graph)
-    for original, node in zip(program.graph.find_nodes(op="placeholder"), graph.find_nodes(op="placeholder")):
-        node.name = node.target = original.name  # the copy renames a builtin's name (``input`` -> ``input_1``)
-    for node in [n for n in graph.nodes if _is_assert(n)]:
-        graph.erase_node(node)
-    changed = True
-    while changed:  # then what computed their conditions, now unused
-        dead = [n for n in graph.nodes if n.op == "call_function" and not n.users and _only_feeds_asserts(n)]
-        for node in dead:
-            graph.erase_node(node)
-        changed = bool(dead)
-    module = torch.fx.GraphModule(program.graph_module, graph)
-    copied = ExportedProgram(
-        root=module,
-        graph=module.graph,
-        graph_signature=program.graph_signature,
-        state_dict=program.state_dict,
-        range_constraints=program.range_constraints,
-        module_call_graph=program.module_call_graph,
-        constants=program.constants,
-        verifiers=[program.verifier],
-    )
-    return attrs.evolve(exported, program=copied)
+    from hfx._asserts import without_asserts
 
-
-def _is_assert(node: Any) -> bool:
-    return node.op == "call_function" and any(name in str(node.target) for name in _ASSERT_OPS)
-
-
-def _only_feeds_asserts(node: Any) -> bool:
-    """Nodes that computed an assert's condition (``_is_all_true``, ``item``, comparisons of sizes)."""
-    import operator
-
-    if getattr(node.target, "__module__", None) in ("_operator", operator.__name__):
-        return True  # size comparisons (``sym_ite(cond) >= 1``)
-    target = str(node.target)
-    return any(name in target for name in ("_is_all_true", "_local_scalar_dense", "aten.item", "operator.", "sym_", "aten.eq", "aten.ge",
-                                           "aten.le", "aten.lt", "aten.gt", "aten.ne", "aten.all", "aten.any"))
+    stripped = without_asserts(exported.program)
+    return exported if stripped is exported.program else attrs.evolve(exported, program=stripped)
 
 
 def for_runtime(exported: Exported) -> Exported:

@@ -6,15 +6,7 @@ import torch
 
 import hfx
 from hfx.backends._common import without_runtime_asserts
-
-
-class _DataDependent(torch.nn.Module):
-    """A runtime assert on a data-dependent size, and an input named like a Python builtin."""
-
-    def forward(self, input):  # noqa: A002 - the name under test
-        count = input.sum().to(torch.int64).item()
-        torch._check(count >= 0)
-        return input * 2, torch.zeros(count)
+from tests.helpers import DataDependent
 
 
 def _asserts(exported: hfx.Exported) -> int:
@@ -22,7 +14,7 @@ def _asserts(exported: hfx.Exported) -> int:
 
 
 def test_runtime_asserts_are_dropped_and_the_given_program_is_kept():
-    exported = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, _DataDependent()))
+    exported = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, DataDependent()))
     stripped = without_runtime_asserts(exported)
     assert _asserts(exported) > 0 and _asserts(stripped) == 0
     doubled, zeros = stripped.program.module()(input=torch.ones(4, 3))
