@@ -247,6 +247,12 @@ def _concatenated(outputs: list[Any]) -> Any:
     return type(outputs[0])(**merged)
 
 
+# Per-token inputs that follow ``input_ids`` and the value a generated token takes: it is text
+# (``mm_token_type_ids``, Qwen2-VL and kin) and, for PaliGemma, suffix rather than bidirectional prefix
+# (``token_type_ids`` 1, as its ``_update_model_kwargs_for_generation`` appends).
+_GENERATED_TOKEN_TYPES = {"mm_token_type_ids": 0, "token_type_ids": 1}
+
+
 def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, token_key: str, mask_key: str,
           max_new_tokens: int, eos: set[int], pad: Any, choose: dict[str, Any],
           features: Mapping[str, Any] | None = None) -> torch.Tensor:
@@ -292,8 +298,9 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         state[cache_key] = getattr(outputs, cache_key, None) or state[cache_key]
         new_tokens = token[:, None]
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=-1)
-        if "mm_token_type_ids" in state:  # a generated token is text
-            state["mm_token_type_ids"] = torch.zeros_like(new_tokens, dtype=state["mm_token_type_ids"].dtype)
+        for key, value in _GENERATED_TOKEN_TYPES.items():
+            if key in state:
+                state[key] = torch.full_like(new_tokens, value, dtype=state[key].dtype)
         program, name = programs["decode"], "decode"
     return torch.cat([tokens, torch.stack(generated, dim=1)], dim=-1)
 

@@ -128,6 +128,26 @@ def _pooled_image_inputs(config: Any, batch: int, sequence: int) -> dict[str, to
     return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
 
 
+def _prefix_lm_inputs(config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    """PaliGemma: the pooled-image prompt plus ``token_type_ids`` 0 (prefix), as its processor returns at inference.
+
+    Without them eager PaliGemma is not consistent with itself: its text config sets
+    ``use_bidirectional_attention``, so an unpadded batch (mask dropped) attends bidirectionally while a padded
+    one gets a causal mask, and the same row changes with its neighbours.
+    """
+    inputs = _pooled_image_inputs(config, batch, sequence)
+    return {**inputs, "token_type_ids": torch.zeros_like(inputs["input_ids"])}
+
+
+def _image_block_inputs(config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    """Gemma 3: the pooled-image prompt plus ``token_type_ids`` 1 on image tokens, as its processor returns.
+
+    They make the image tokens of a block attend to each other bidirectionally (a data-dependent mask).
+    """
+    inputs = _pooled_image_inputs(config, batch, sequence)
+    return {**inputs, "token_type_ids": (inputs["input_ids"] == config.image_token_index).long()}
+
+
 # Qwen2-VL / Qwen2.5-VL images: 16x16 pixels in 4x4 patches, a (t, h, w) = (1, 4, 4) grid merged 2x2 into 4 tokens.
 _QWEN_GRID = (1, 4, 4)
 
@@ -441,10 +461,10 @@ _VISION_LANGUAGE = (
     _vlm("smolvlm", "SmolVLMConfig", _pooled_image_inputs, image_token_id=_IMAGE, scale_factor=2,
          vision_config={"model_type": "smolvlm_vision", **_VIT}, text_config=_text("llama")),
     # A SigLIP tower, a linear projector, a Gemma decoder; every patch is an image token.
-    _vlm("paligemma", "PaliGemmaConfig", _pooled_image_inputs, image_token_index=_IMAGE, projection_dim=64,
+    _vlm("paligemma", "PaliGemmaConfig", _prefix_lm_inputs, image_token_index=_IMAGE, projection_dim=64,
          vision_config=_siglip_vision(projection_dim=64), text_config=_text("gemma", head_dim=16)),
     # A SigLIP tower average-pooled to 4 tokens per image, bidirectional attention over image tokens.
-    _vlm("gemma3", "Gemma3Config", _pooled_image_inputs, image_token_index=_IMAGE, boi_token_index=_BOI,
+    _vlm("gemma3", "Gemma3Config", _image_block_inputs, image_token_index=_IMAGE, boi_token_index=_BOI,
          eoi_token_index=_EOI, mm_tokens_per_image=4, vision_config=_siglip_vision(),
          text_config=_text("gemma3_text", head_dim=16, sliding_window=4,
                            layer_types=["sliding_attention", "full_attention"])),

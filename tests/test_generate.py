@@ -121,3 +121,15 @@ def test_packed_image_models_match_eager_on_new_image_sizes(models, name):
     for batch, text, grid in ((1, 4, (1, 4, 4)), (3, 7, (1, 4, 6)), (2, 3, (1, 2, 2))):  # new image sizes, left padding
         inputs = packed_image_inputs(model.config, batch, text, grid)
         assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=12), eager_tokens(model, inputs, 12))
+
+
+@pytest.mark.parametrize("name", ["paligemma", "gemma3"])
+def test_token_type_models_match_eager_padded_and_unpadded(models, name):
+    # PaliGemma's token_type_ids keep its prompt bidirectional; Gemma 3's make image tokens attend both ways.
+    # Generated tokens take the type the model's generate gives them.
+    model = models(name)
+    parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=5), model)))
+    for batch, sequence in ((3, 8), (1, 6)):
+        inputs = zoo.inputs(name, batch=batch, sequence=sequence)
+        assert "token_type_ids" in inputs
+        assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=10), eager_tokens(model, inputs, 10))
