@@ -54,12 +54,12 @@ def _rows_alone_match_the_batch(model: torch.nn.Module, inputs: dict) -> float:
 
 
 @pytest.mark.parametrize("name", list(zoo.ENTRIES))
-def test_entry_inputs_give_a_row_the_same_output_alone_and_in_a_padded_batch(name):
+def test_entry_inputs_give_a_row_the_same_output_alone_and_in_a_padded_batch(models, name):
     # Parity at batch 1 is only meaningful if eager itself agrees with the padded batch: PaliGemma without
     # token_type_ids did not (its all-ones mask is dropped and attention turns bidirectional).
     # Packed-image models' forward inputs hold batch-wide tensors (cu_seqlens); their generate inputs slice by row.
     inputs = (zoo.inputs if zoo.entry(name).forward else zoo.forward_inputs)(name, **NEW_SHAPE)
-    assert _rows_alone_match_the_batch(zoo.build(name), inputs) < 1e-4
+    assert _rows_alone_match_the_batch(models(name), inputs) < 1e-4
 
 
 def test_zoo_covers_every_family_of_the_issue():
