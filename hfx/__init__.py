@@ -9,19 +9,21 @@ A library of small pure functions over immutable records::
     outputs = onnx(**new_inputs)
 """
 
-from hfx._capture import capture as capture
-from hfx._compose import by_component as by_component
-from hfx._compose import per_component as per_component
-from hfx._decompose import decompose as decompose
-from hfx._dynamic_shapes import infer_dynamic_shapes as infer_dynamic_shapes
+from hfx._capture.capture import capture as capture
+from hfx._capture.decompose import decompose as decompose
+from hfx._capture.dynamic_shapes import infer_dynamic_shapes as infer_dynamic_shapes
+from hfx._capture.vision_inputs import vision_inputs as vision_inputs
 from hfx._errors import CaptureError as CaptureError
 from hfx._errors import ComponentError as ComponentError
 from hfx._errors import HfxError as HfxError
 from hfx._errors import InputError as InputError
 from hfx._errors import LoweringError as LoweringError
 from hfx._errors import PatchError as PatchError
-from hfx._export import export as export
+from hfx._export.export import export as export
+from hfx._export.signature import flatten_signature as flatten_signature
 from hfx._generate import generate as generate
+from hfx._lift import by_component as by_component
+from hfx._lift import per_component as per_component
 from hfx._records import Capture as Capture
 from hfx._records import Components as Components
 from hfx._records import DynamicShapes as DynamicShapes
@@ -30,10 +32,9 @@ from hfx._records import IoSpec as IoSpec
 from hfx._records import TensorSpec as TensorSpec
 from hfx._save import load as load
 from hfx._save import save as save
-from hfx._signature import flatten_signature as flatten_signature
 from hfx._verify import Report as Report
 from hfx._verify import verify as verify
-from hfx._vision_inputs import vision_inputs as vision_inputs
+from hfx._version import __version__ as __version__
 from hfx.backends._executorch import PteProgram as PteProgram
 from hfx.backends._executorch import lower_to_pte as lower_to_pte
 from hfx.backends._onnx import OnnxProgram as OnnxProgram
@@ -45,8 +46,6 @@ from hfx.quantize import calibration_inputs as calibration_inputs
 from hfx.quantize import quantize_onnx as quantize_onnx
 from hfx.quantize import quantize_ov as quantize_ov
 from hfx.quantize import quantize_pt2e as quantize_pt2e
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Capture",

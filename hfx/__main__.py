@@ -2,6 +2,6 @@
 
 import sys
 
-from hfx._cli import main
+from hfx._cli.main import main
 
 sys.exit(main())

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hfx._caches import classes_in_spec, registered_caches
+from hfx._capture.positions import next_positions, prompt_positions, text_positions
+from hfx._capture.vision_inputs import computed_vision_inputs
+from hfx._contract import input_keys, load_spec
 from hfx._errors import InputError
-from hfx._io import input_keys, load_spec
-from hfx._positions import next_positions, prompt_positions, text_positions
+from hfx._pytree import classes_in_spec, registered_caches
 from hfx._records import Components
-from hfx._vision_inputs import computed_vision_inputs
 
 _UNSET: Any = object()
 
@@ -175,7 +175,7 @@ def _encoder_inputs(encoder: Any, how: Mapping[str, Any] | None, state: dict[str
 
     A packed-image tower takes ``pixel_values`` as ``hidden_states`` and the
     grids as ``grid_thw``, plus positions and boundaries computed from the
-    grids (see ``hfx._vision_inputs``). The grids stay in ``state``: the
+    grids (see ``hfx._capture.vision_inputs``). The grids stay in ``state``: the
     prompt's rotary positions need them.
     """
     if not how:

@@ -9,6 +9,8 @@ from typing import Any
 
 import attrs
 
+from hfx._contract import call, load_spec
+
 
 def readonly(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
     """Return a read-only copy of ``mapping`` (the caller's dict is never shared)."""
@@ -220,15 +222,11 @@ class Exported:
 
     def __call__(self, **kwargs: Any) -> Any:
         """Run the exported program on ``kwargs`` (checked against ``io``)."""
-        from hfx._io import call
-
         return call(self.io, self._run, kwargs, program=f"Exported({self.name})")
 
     def _run(self, flat: list[Any]) -> list[Any]:
         import torch
         from torch.utils import _pytree as pytree
-
-        from hfx._io import load_spec
 
         _, kwargs = pytree.tree_unflatten(flat, load_spec(self.io.in_spec))
         with torch.no_grad():

@@ -103,7 +103,7 @@ def save(
 
 
 def _write_components(components: Components, staging: Path, *, single: bool) -> dict[str, Any]:
-    from hfx import __version__
+    from hfx._version import __version__
     from hfx.backends._common import versions
 
     entries = {}
@@ -155,11 +155,11 @@ def load(directory: str | os.PathLike[str], /) -> Any:
     }
     if manifest.get("single") and len(programs) == 1:
         return next(iter(programs.values()))
-    processor = _load_processor(path / manifest["processor"]) if manifest.get("processor") else None
+    processor = load_processor(path / manifest["processor"]) if manifest.get("processor") else None
     return Components(items=programs, meta=manifest.get("meta", {}), processor=processor)
 
 
-def _load_processor(path: Path) -> Any:
+def load_processor(path: Path) -> Any:
     """The processor saved with the programs: a multimodal processor, else a tokenizer."""
     import transformers
 

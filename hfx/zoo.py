@@ -173,7 +173,7 @@ def _qwen_vl_forward(config: Any, batch: int, sequence: int) -> dict[str, torch.
     ``hfx.vision_inputs`` computes from them (M-RoPE positions, the tower's patch positions and boundaries)."""
     import transformers
 
-    from hfx._vision_inputs import vision_inputs
+    from hfx._capture.vision_inputs import vision_inputs
 
     values = _qwen_vl_inputs(config, batch, sequence, grid=(1, 4, 2 * (sequence // 4 + 1)))
     with torch.device("meta"):  # only the config and the code are read: no weights

@@ -10,7 +10,6 @@ import torch
 
 import hfx
 from hfx import zoo
-
 from tests.helpers import CAPTURE_SHAPE
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -1,4 +1,4 @@
-"""Which runtime asserts an exported program keeps (hfx/_asserts.py), and what that means for a whole export."""
+"""Which runtime asserts an exported program keeps (hfx/_export/asserts.py), and what that means for a whole export."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 
 import hfx
 from hfx import zoo
-from hfx._asserts import is_assert, on_input_sizes_only, without_asserts
+from hfx._export.asserts import is_assert, on_input_sizes_only, without_asserts
 from tests.helpers import DataDependent
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import hfx
-from hfx._capture import accepted_inputs
 from hfx import zoo
+from hfx._capture.capture import accepted_inputs
 
 
 def test_capture_copies_inputs_and_keeps_the_model(models):

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from hfx import zoo
-from hfx._cli import main
+from hfx._cli.main import main
 
 # Every stderr line hfx writes itself: progress steps and its own one-paragraph messages.
 _HFX_STDERR = ("  done ", "  failed ", "  ... ", "hfx ")

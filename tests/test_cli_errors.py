@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hfx._cli import main
+from hfx._cli.main import main
 from tests.test_cli import hfx_cli, upstream_noise
 
 
@@ -67,7 +67,7 @@ def test_an_unreachable_hub_says_so_and_what_to_pass_instead(tmp_path):
 
 def test_a_missing_runtime_package_names_the_extra_to_install(tmp_path):
     # ``sys.modules[name] = None`` is how Python marks a module as not importable: find_spec returns None.
-    code = ("import sys; sys.modules['openvino'] = None; from hfx._cli import main; "
+    code = ("import sys; sys.modules['openvino'] = None; from hfx._cli.main import main; "
             f"sys.exit(main(['export', '--to', 'ov', '--out', {str(tmp_path)!r}]))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2

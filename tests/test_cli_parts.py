@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 import hfx
-from hfx._cli_common import UsageError, table
-from hfx._cli_export import parse_runtimes, quantizer
-from hfx._cli_run import prompt_inputs
-from hfx._load_model import _is_offline, _not_loadable
-from hfx._progress import step
+from hfx._cli.common import UsageError, table
+from hfx._cli.export import parse_runtimes, quantizer
+from hfx._cli.load_model import _is_offline, _not_loadable
+from hfx._cli.progress import step
+from hfx._cli.run import prompt_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -163,7 +163,7 @@ def test_a_language_model_given_a_mask_built_by_forward_keeps_the_prefill_whole(
 
 
 def test_only_a_2d_or_absent_language_model_mask_is_one_generate_can_give():
-    from hfx._decompose import _takes_prompt_mask
+    from hfx._capture.recording import _takes_prompt_mask
 
     assert _takes_prompt_mask([{"attention_mask": torch.ones(2, 5)}]) and _takes_prompt_mask([{}])
     assert not _takes_prompt_mask([{"attention_mask": torch.ones(2, 1, 5, 5)}])

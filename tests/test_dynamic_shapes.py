@@ -6,7 +6,7 @@ import torch
 
 import hfx
 from hfx import zoo
-from hfx._dynamic_shapes import derived_dim, refine, to_torch, widen_unit_axes
+from hfx._capture.dynamic_shapes import derived_dim, refine, to_torch, widen_unit_axes
 
 
 def test_token_inputs_share_batch_and_sequence(models):

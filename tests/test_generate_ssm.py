@@ -74,4 +74,4 @@ def test_mamba_prefill_has_no_loop_and_records_how_long_a_prompt_it_takes(genera
     _, parts = generative("mamba")  # a loop-free prefix scan: every runtime lowers it
     prefill = parts["prefill"]
     assert not [n for n in prefill.program.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)]
-    assert prefill.io.bounds["sequence"] == (1, DEFAULT_PREFIX_SCAN_LENGTH)  # hfx._io rejects a longer prompt
+    assert prefill.io.bounds["sequence"] == (1, DEFAULT_PREFIX_SCAN_LENGTH)  # hfx._contract rejects a longer prompt

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import hfx
-from hfx._io import flat_inputs, input_keys, structured_outputs
 from hfx import zoo
+from hfx._contract import flat_inputs, input_keys, structured_outputs
 
 
 @pytest.fixture(scope="module")

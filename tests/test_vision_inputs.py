@@ -9,7 +9,7 @@ import torch
 
 import hfx
 from hfx import zoo
-from hfx._vision_inputs import precomputed_input_names, tower_inputs, vision_inputs
+from hfx._capture.vision_inputs import precomputed_input_names, tower_inputs, vision_inputs
 from tests.helpers import packed_image_inputs
 
 

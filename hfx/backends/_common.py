@@ -30,7 +30,7 @@ def as_exported(subject: Any, *, stage: str) -> Exported:
     if isinstance(subject, Exported):
         return subject
     if isinstance(subject, Capture):
-        from hfx._export import export
+        from hfx._export.export import export
 
         return export(subject)
     msg = f"{stage} takes an Exported or a Capture (or Components of them), got {type(subject).__name__}"
@@ -39,7 +39,7 @@ def as_exported(subject: Any, *, stage: str) -> Exported:
 
 def spec_caches(exported: Exported) -> Any:
     """A context in which the cache classes named by ``exported``'s specs are pytree nodes (for lowering)."""
-    from hfx._caches import classes_in_spec, registered_caches
+    from hfx._pytree import classes_in_spec, registered_caches
 
     return registered_caches(classes_in_spec(exported.io.in_spec) + classes_in_spec(exported.io.out_spec))
 
@@ -55,7 +55,7 @@ def without_runtime_asserts(exported: Exported) -> Exported:
     """
     import attrs
 
-    from hfx._asserts import without_asserts
+    from hfx._export.asserts import without_asserts
 
     stripped = without_asserts(exported.program)
     return exported if stripped is exported.program else attrs.evolve(exported, program=stripped)

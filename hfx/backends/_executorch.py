@@ -6,7 +6,7 @@ upper bound of each dynamic dim, and the runtime cannot grow a tensor past it
 planned at its trace size instead, so a program captured at batch 2 fails at
 batch 3. ``lower_to_pte`` therefore gives every dynamic dim a finite upper
 bound (``max_sizes``, with defaults below), plans the program for it and
-records it in ``io.bounds``: ``hfx._io`` rejects a larger input with an
+records it in ``io.bounds``: ``hfx._contract`` rejects a larger input with an
 ``InputError`` that names the dim before the runtime sees it.
 
 The bounds live in the shape environment that every tensor of an
@@ -38,10 +38,10 @@ import torch
 from toolz import curry
 from torch.utils import _pytree as pytree
 
-from hfx._compose import per_component
-from hfx._dynamic_shapes import derived_dim
+from hfx._capture.dynamic_shapes import derived_dim
+from hfx._contract import call
 from hfx._errors import InputError, LoweringError
-from hfx._io import call
+from hfx._lift import per_component
 from hfx._records import Capture, DynamicShapes, Exported, IoSpec
 from hfx.backends._common import (
     as_exported,
@@ -87,7 +87,7 @@ _ERROR_NAMES = MappingProxyType(
     }
 )
 
-# The part of hfx._io's bounds error that names the dim and the size asked for.
+# The part of hfx._contract's bounds error that names the dim and the size asked for.
 _BEYOND_BOUND = re.compile(r"\((\w+)\) is (\d+), outside the program's bounds")
 
 _FD2_LOCK = threading.Lock()
@@ -318,7 +318,7 @@ def _bounded(
     suggested fixes and keeps unprovable guards as runtime asserts, as it did
     for the model; a dim it narrows further keeps the narrower bound.
     """
-    from hfx._export import export
+    from hfx._export.export import export
 
     program = exported.program
     dynamic = {name: b for name, b in bounds.items() if b[0] != b[1]}

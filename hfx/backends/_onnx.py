@@ -21,9 +21,9 @@ import attrs
 import torch
 from toolz import curry
 
-from hfx._compose import per_component
+from hfx._contract import call
 from hfx._errors import LoweringError
-from hfx._io import call
+from hfx._lift import per_component
 from hfx._records import Capture, Exported, IoSpec
 from hfx.backends._common import (
     as_exported,
@@ -89,7 +89,7 @@ class OnnxProgram:
     def _run_in_place(self, flat: list[torch.Tensor]) -> list[torch.Tensor]:
         """Run with IO binding: inputs are read from the tensors' memory and the new values of
         in-place inputs (a static cache) are written straight into torch tensors, which then
-        replace the caller's buffers without a copy (``hfx._io`` swaps the storage).
+        replace the caller's buffers without a copy (``hfx._contract`` swaps the storage).
 
         Binding an output to its own input's memory is not safe: ONNX Runtime may read the
         input after it wrote the output (measured: wrong tokens).
@@ -145,7 +145,7 @@ def lower_to_onnx(exported: Exported | Capture, /, *, opset: int = MIN_OPSET, op
         torch.Size([5, 4])
     """
     require("onnx", "onnxscript", "onnxruntime", extra="onnx")
-    _check_opset(opset)
+    check_opset(opset)
     exported = for_runtime(as_exported(exported, stage="lower_to_onnx"))
     with spec_caches(exported):
         model = _to_onnx(exported, opset=opset, optimize=optimize)
@@ -160,7 +160,7 @@ def lower_to_onnx(exported: Exported | Capture, /, *, opset: int = MIN_OPSET, op
         raise _lowering_error(exported, what, todo) from exc
 
 
-def _check_opset(opset: int) -> None:
+def check_opset(opset: int) -> None:
     import onnx
 
     newest = onnx.defs.onnx_opset_version()

@@ -21,9 +21,9 @@ from typing import Any
 import attrs
 from toolz import curry
 
-from hfx._compose import per_component
+from hfx._contract import call
 from hfx._errors import LoweringError, describe
-from hfx._io import call
+from hfx._lift import per_component
 from hfx._records import Capture, Exported, IoSpec, TensorSpec
 from hfx.backends._common import as_exported, for_runtime, require, spec_caches
 

@@ -15,7 +15,7 @@ def save_files(program: Exported, directory: Path) -> dict[str, Any]:
     """Write ``<name>.pt2`` into ``directory``; return the manifest entry."""
     import torch
 
-    from hfx._caches import registered_caches
+    from hfx._pytree import registered_caches
 
     filename = f"{program.name}.pt2"
     # Example inputs would pickle cache objects, which torch.export.load then only reads with
@@ -35,9 +35,7 @@ def load_files(entry: dict[str, Any], directory: Path, *, name: str, io: IoSpec)
     """Load a program written by ``save_files``."""
     import torch
 
-    from hfx._caches import registered_caches
-
-    from hfx._caches import classes_in_spec
+    from hfx._pytree import classes_in_spec, registered_caches
 
     classes_in_spec(io.out_spec)  # imports the output classes' modules: the program's spec names them
     with registered_caches():

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from hfx._caches import cache_classes, registered_caches
+from hfx._pytree import cache_classes, registered_caches
 from hfx.patches._arch import arch_patches, patch_position_interpolation
 from hfx.patches._cache import patch_sliding_window_cache
 from hfx.patches._core import Patch, swap_attr, swap_item, with_patches

@@ -157,7 +157,7 @@ def _per_image_splitters(model: torch.nn.Module) -> dict[tuple[type, str], tuple
     A projector: the method splits the projected features; a tower: the method
     splits what its packed-image tower returns.
     """
-    from hfx._multimodal import projectors
+    from hfx._capture.multimodal import projectors
 
     found = {}
     for module in model.modules():
@@ -187,7 +187,7 @@ class _TowerTap:
         return getattr(self._tower, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from hfx._multimodal import ProjectorCall
+        from hfx._capture.multimodal import ProjectorCall
 
         raise ProjectorCall(args, kwargs)
 
@@ -210,7 +210,7 @@ def _joined_features(method: Any, child: str, *, projects: bool) -> Any:
     """
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    from hfx._multimodal import ProjectorCall, tapped_view
+    from hfx._capture.multimodal import ProjectorCall, tapped_view
 
     def get_features(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if child not in self._modules:  # noqa: SLF001 - a FeatureEncoder's view, already stopping at the projector

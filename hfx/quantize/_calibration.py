@@ -76,21 +76,15 @@ def _recorded_calls(
     model: torch.nn.Module, sample: Mapping[str, Any], steps: int, meta: Mapping[str, Any]
 ) -> dict[str, list[dict[str, Any]]]:
     """The inputs each component got while ``generate`` ran on ``sample`` (``decompose``'s recording)."""
-    from hfx._decompose import (
-        _encoder_capture,
-        _generate_calls,
-        _part_capture,
-        _with_2d_mask,
-        _with_features_only,
-        _with_mask,
-    )
+    from hfx._capture.decompose import encoder_capture, part_capture
+    from hfx._capture.recording import recorded_generate, with_padding_mask
 
-    inputs = _with_mask(Capture(module=model, source=model, kwargs=sample))  # graphs were traced with a mask input
-    recorded = _generate_calls(model, inputs, steps, _generation_config(model, meta))
-    calls = [_with_features_only(_with_2d_mask(call, inputs, index)) for index, call in enumerate(recorded.calls)]
+    inputs = with_padding_mask(Capture(module=model, source=model, kwargs=sample))  # graphs were traced with a mask input
+    recorded = recorded_generate(model, inputs, steps, _generation_config(model, meta))
+    calls = recorded.calls
     per_component = {"prefill": calls[:1], "decode": calls[1:]}
-    per_component.update({name: [_encoder_capture(name, m, kw).kwargs] for name, (m, kw) in recorded.encoders.items()})
-    per_component.update({name: [_part_capture(name, m, kw).kwargs] for name, (m, kw) in recorded.parts.items()})
+    per_component.update({name: [encoder_capture(name, m, kw, packed=False).kwargs] for name, (m, kw) in recorded.encoders.items()})
+    per_component.update({name: [part_capture(name, m, kw).kwargs] for name, (m, kw) in recorded.parts.items()})
     return {name: [dict(call) for call in found] for name, found in per_component.items()}
 
 
@@ -138,9 +132,9 @@ def _is_sample(mapping: Mapping[str, Any]) -> bool:
 
 
 def graph_feeds(io: IoSpec, samples: Sequence[Mapping[str, Any]], *, program: str) -> list[list[torch.Tensor]]:
-    """Each sample as the graph's flat inputs, checked by ``hfx._io.flat_inputs`` (names, dtypes, dims, bounds)."""
-    from hfx._caches import classes_in_spec, registered_caches
-    from hfx._io import flat_inputs
+    """Each sample as the graph's flat inputs, checked by ``hfx._contract.flat_inputs`` (names, dtypes, dims, bounds)."""
+    from hfx._contract import flat_inputs
+    from hfx._pytree import classes_in_spec, registered_caches
 
     with registered_caches(classes_in_spec(io.in_spec)):
         return [flat_inputs(io, sample, program=program) for sample in samples]

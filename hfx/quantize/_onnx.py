@@ -10,7 +10,7 @@ from typing import Any
 
 from toolz import curry
 
-from hfx._compose import per_component
+from hfx._lift import per_component
 from hfx.quantize._calibration import Calibration, named_feeds
 from hfx.quantize._common import check_choice, component_samples, quantization_error, quietly, with_quantization
 

@@ -17,7 +17,7 @@ import torch
 from toolz import curry
 from torch.utils import _pytree as pytree
 
-from hfx._compose import per_component
+from hfx._lift import per_component
 from hfx._records import Capture, Exported
 from hfx.quantize._calibration import Calibration, graph_feeds
 from hfx.quantize._common import check_choice, check_positive_int, component_samples, quantization_error, quietly, with_quantization
@@ -205,7 +205,7 @@ def _example_kwargs(exported: Exported) -> dict[str, Any]:
 
 def _export_again(converted: torch.fx.GraphModule, exported: Exported) -> Exported:
     """The converted graph exported with ``exported``'s dynamic shapes (no patches: it is a plain graph)."""
-    from hfx._export import export
+    from hfx._export.export import export
 
     capture = Capture(
         module=converted, source=converted, kwargs=_example_kwargs(exported),

@@ -22,7 +22,6 @@ from hfx._errors import ComponentError, InputError, LoweringError  # noqa: E402
 from hfx._save import load, save  # noqa: E402
 from hfx._verify import verify  # noqa: E402
 from hfx.backends import _xnnpack_patches  # noqa: E402
-from hfx.patches._edge import exact_upper_bound, patch_exact_upper_bounds  # noqa: E402
 from hfx.backends._executorch import (  # noqa: E402
     DEFAULT_MAX_SIZE,
     DEFAULT_MAX_SIZES,
@@ -35,7 +34,7 @@ from hfx.backends._executorch import (  # noqa: E402
     patch_edge_verifier_sym_functions,
     pte_bounds,
 )
-
+from hfx.patches._edge import exact_upper_bound, patch_exact_upper_bounds  # noqa: E402
 from tests.helpers import CAPTURE_SHAPE, PARITY_MODELS, eager_tokens, new_inputs  # noqa: E402
 
 BOUNDED = {"batch": 3, "past_sequence": 48}  # the decode mask is "past_sequence + 1", bounded with it

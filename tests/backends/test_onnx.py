@@ -18,11 +18,11 @@ import onnx_ir as ir  # noqa: E402 - after the importorskip
 import onnxruntime  # noqa: E402
 
 import hfx  # noqa: E402
+from hfx import zoo  # noqa: E402
 from hfx._save import load, save  # noqa: E402
 from hfx._verify import verify  # noqa: E402
 from hfx.backends import _onnx  # noqa: E402
 from hfx.backends._onnx import OnnxProgram, lower_to_onnx  # noqa: E402
-from hfx import zoo  # noqa: E402
 from tests.helpers import PARITY_MODELS, new_inputs  # noqa: E402
 
 

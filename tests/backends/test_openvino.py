@@ -13,8 +13,8 @@ import torch
 from toolz import pipe
 
 import hfx
-from hfx._save import load, save
 from hfx import zoo
+from hfx._save import load, save
 from hfx._verify import verify
 from tests.helpers import PARITY_MODELS, new_inputs
 

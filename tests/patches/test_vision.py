@@ -114,7 +114,7 @@ def test_llava_forward_exports_with_a_dynamic_batch(models):
 
 
 def test_per_image_split_patch_leaves_a_feature_encoder_stopping_at_the_projector(models):
-    from hfx._multimodal import FeatureEncoder
+    from hfx._capture.multimodal import FeatureEncoder
     from hfx.patches import patch_per_image_feature_split
 
     model = models("llava")
@@ -151,7 +151,7 @@ def test_the_packed_split_patch_swaps_both_feature_methods_and_restores_them(mod
 
 
 def test_the_packed_split_patch_passes_precomputed_inputs_to_the_tower(models):
-    from hfx._vision_inputs import tower_inputs
+    from hfx._capture.vision_inputs import tower_inputs
     from hfx.patches import patch_per_image_feature_split
 
     model = models("qwen2_vl")

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from hfx import zoo
-
 from tests.helpers import NEW_SHAPE
 
 

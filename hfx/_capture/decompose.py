@@ -7,23 +7,19 @@ models, called outside ``forward``), the prefill and a decode step.
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import torch
 from toolz import curry
 
-from hfx._caches import is_cache
-from hfx._dynamic_shapes import declared_shapes, infer_dynamic_shapes, owned_tensors
+from hfx._capture.dynamic_shapes import declared_shapes, infer_dynamic_shapes, owned_tensors
+from hfx._capture.multimodal import FeatureEncoder, feature_methods, placeholder_tokens
+from hfx._capture.recording import recorded_generate, with_padding_mask
 from hfx._errors import CaptureError, describe
-from hfx._multimodal import FeatureEncoder, feature_methods, features_only, placeholder_tokens, projectors
-from hfx._vision_inputs import recording_vision_inputs
+from hfx._pytree import is_cache
 from hfx._records import Capture, Components, DynamicShapes
-from hfx.patches import patch_sliding_window_cache, preserve_module_state
 
 _MIN_PAST = 2  # a decode captured with a past of 0 or 1 would specialise that axis
 
@@ -32,29 +28,6 @@ def can_generate(model: torch.nn.Module) -> bool:
     """Whether ``model`` has a working ``generate()`` (a language-model head)."""
     check = getattr(model, "can_generate", None)
     return bool(check()) if callable(check) else False
-
-
-@contextlib.contextmanager
-def _recording(module: torch.nn.Module, calls: list[Any], running: list[str] | None = None) -> Iterator[None]:
-    """Record a deep copy of the keyword arguments of every call of ``module`` inside the block.
-
-    With ``running`` (see ``_recording_method``), each record is ``(label of the
-    feature method running the call, or None, kwargs)``.
-    """
-
-    def hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        bound = dict(kwargs)
-        if args:
-            names = list(inspect.signature(mod.forward).parameters)
-            bound.update(zip(names, args))
-        copied = copy.deepcopy(bound)
-        calls.append(copied if running is None else (running[-1] if running else None, copied))
-
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 def _past_length(kwargs: Mapping[str, Any]) -> int | None:
@@ -70,183 +43,6 @@ def _past_length(kwargs: Mapping[str, Any]) -> int | None:
     return max(lengths) if lengths else None
 
 
-def _encoder(model: torch.nn.Module) -> torch.nn.Module | None:
-    if not getattr(model.config, "is_encoder_decoder", False):
-        return None
-    get = getattr(model, "get_encoder", None)
-    return get() if callable(get) else None
-
-
-@contextlib.contextmanager
-def _recording_method(owner: torch.nn.Module, name: str, calls: list[dict[str, Any]], running: list[str],
-                      label: str) -> Iterator[None]:
-    """Record the keyword arguments of ``owner.name(...)`` calls inside the block (a reversible instance patch).
-
-    While a call runs, ``running[-1]`` is ``label``: the modules it calls know which feature method called them.
-    """
-    from hfx.patches import swap_attr
-
-    method = getattr(owner, name)
-    signature = inspect.signature(method)
-
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        kwargs = {**dict(zip(signature.parameters, args)), **kwargs}
-        calls.append(copy.deepcopy(kwargs))
-        running.append(label)
-        try:
-            return method(**kwargs)
-        finally:
-            running.pop()
-
-    recorded.__signature__ = signature  # type: ignore[attr-defined]  # generate picks its kwargs by signature
-    with swap_attr(owner, name, recorded):
-        yield
-
-
-@attrs.frozen(kw_only=True, eq=False)
-class _Recorded:
-    """What one ``generate`` run called: encoders and prefill parts (module, kwargs), and the forward calls."""
-
-    encoders: dict[str, tuple[torch.nn.Module, dict[str, Any]]]
-    parts: dict[str, tuple[torch.nn.Module, dict[str, Any]]]
-    projectors: dict[str, str]
-    encoder_inputs: dict[str, dict[str, Any]]
-    calls: list[dict[str, Any]]
-    length: int
-
-
-def _prefill_parts(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """The modules a multimodal prefill runs after the encoders: embedding, language model, lm_head."""
-    found = {
-        "embed_tokens": model.get_input_embeddings(),
-        "language_model": model.get_decoder(),
-        "lm_head": model.get_output_embeddings(),
-    }
-    return {name: module for name, module in found.items() if isinstance(module, torch.nn.Module) and module is not model}
-
-
-def _generate_calls(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int, generation_config: Any) -> _Recorded:
-    """Run ``generate`` for ``steps`` new tokens and record every encoder, projector, part and forward call."""
-    calls: list[dict[str, Any]] = []
-    encoder_calls: dict[str, list[dict[str, Any]]] = {}
-    encoder = _encoder(model)
-    base = getattr(model, "base_model", model)
-    methods = feature_methods(model)
-    projector_modules = projectors(model) if methods else {}
-    parts = _prefill_parts(model) if methods else {}
-    part_calls: dict[str, list[Any]] = {name: [] for name in [*projector_modules, *parts]}
-    towers = {m: tower for m in methods if (tower := _tower(model, m)) is not None}
-    tower_calls: dict[str, list[Any]] = {m: [] for m in towers}
-    vision_inputs: dict[str, dict[str, dict[str, Any]]] = {m: {} for m in towers}
-    running: list[str] = []
-    options = {"max_new_tokens": steps, "min_new_tokens": steps, "do_sample": False}
-    if generation_config is not None:
-        options["generation_config"] = generation_config
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(preserve_module_state(model))
-        stack.enter_context(patch_sliding_window_cache())  # record the calls the exported graphs take
-        stack.enter_context(_recording(model, calls))
-        if encoder is not None:
-            stack.enter_context(_recording(encoder, encoder_calls.setdefault("encoder", [])))
-        for modality, method in methods.items():
-            found = encoder_calls.setdefault(f"{modality}_encoder", [])
-            stack.enter_context(_recording_method(base, method, found, running, modality))
-        for name, module in projector_modules.items():
-            stack.enter_context(_recording(module, part_calls[name], running))
-        for name, module in parts.items():
-            stack.enter_context(_recording(module, part_calls[name]))
-        for modality, tower in towers.items():
-            stack.enter_context(_recording(tower, tower_calls[modality], running))
-            stack.enter_context(recording_vision_inputs(tower, vision_inputs[modality]))
-        with torch.no_grad():
-            output = model.generate(**copy.deepcopy(dict(inputs)), **options)
-    sequences = output if isinstance(output, torch.Tensor) else output.sequences
-    # The projector each feature method ran: {modality: attribute name}.
-    # A prefill that stays whole reads the feature methods' own outputs: then no projector is split off either.
-    split = _takes_prompt_mask(part_calls.get("language_model", []))
-    ran = {label: name for name in projector_modules for label, _ in part_calls[name][:1] if label}
-    used = ran if split else {}
-    encoders = {"encoder": (encoder, encoder_calls["encoder"][0])} if encoder_calls.get("encoder") else {}
-    encoder_inputs: dict[str, dict[str, Any]] = {}
-    for modality, method in methods.items():
-        found = encoder_calls[f"{modality}_encoder"]
-        own = [kwargs for label, kwargs in tower_calls.get(modality, []) if label == modality]
-        if not found:
-            continue
-        if modality not in ran and own:  # no projector: the tower's output is the features (Qwen2-VL's merger)
-            values = {k: v for entry in vision_inputs[modality].values() for k, v in entry["values"].items()}
-            encoders[f"{modality}_encoder"] = (towers[modality], {**own[0], **values})
-            encoder_inputs[f"{modality}_encoder"] = {
-                "names": _renamed(own[0], found[0]),
-                "computed": {name: {"options": entry["options"]} for name, entry in vision_inputs[modality].items()},
-            }
-        else:
-            encoders[f"{modality}_encoder"] = (FeatureEncoder(base, method, used.get(modality)), found[0])
-    recorded_parts = {
-        f"{modality}_projector" if len(used) > 1 else "projector": (projector_modules[name], part_calls[name][0][1])
-        for modality, name in used.items()
-    }
-    if any(part_calls[name] for name in parts) and encoders and split:
-        recorded_parts.update({name: (module, part_calls[name][0]) for name, module in parts.items() if part_calls[name]})
-    projector_of = {modality: f"{modality}_projector" if len(used) > 1 else "projector" for modality in used}
-    return _Recorded(encoders=encoders, parts=recorded_parts, projectors=projector_of, encoder_inputs=encoder_inputs,
-                     calls=calls, length=int(sequences.shape[-1]))
-
-
-def _takes_prompt_mask(calls: list[dict[str, Any]]) -> bool:
-    """Whether the language model was called with the 2D padding mask (or none), which ``generate`` can give it.
-
-    PaliGemma builds a 4D mask (bidirectional over the image prefix) and Gemma 3
-    a mask per layer type before calling its language model; recorded so, the
-    graph would take a mask only the model's forward can build. Such a prefill
-    stays whole (it reads the encoded features as ``mm_encoder_outputs``).
-    """
-    mask = calls[0].get("attention_mask") if calls else None
-    return mask is None or (isinstance(mask, torch.Tensor) and mask.ndim == 2)
-
-
-def _tower(model: torch.nn.Module, modality: str) -> torch.nn.Module | None:
-    """The modality's encoder module (``get_encoder(modality=…)``), or ``None`` when the model names none."""
-    get = getattr(model, "get_encoder", None)
-    try:
-        tower = get(modality=modality) if callable(get) else None
-    except (TypeError, ValueError):
-        return None
-    return tower if isinstance(tower, torch.nn.Module) and tower is not model and tower is not getattr(model, "base_model", None) else None
-
-
-def _renamed(tower_kwargs: Mapping[str, Any], method_kwargs: Mapping[str, Any]) -> dict[str, str]:
-    """``{tower input: generate input}`` for the tower's tensors that are a generate input under another name."""
-    names = {}
-    for key, value in tower_kwargs.items():
-        if not isinstance(value, torch.Tensor):
-            continue
-        for source, given in method_kwargs.items():
-            if isinstance(given, torch.Tensor) and given.shape == value.shape and torch.equal(given.to(value.dtype), value):
-                names[key] = source
-                break
-    return names
-
-
-def _with_mask(capture: Capture) -> dict[str, Any]:
-    """The generate inputs, with a mask that pads the first position of the first row.
-
-    ``generate()`` drops an all-ones ``attention_mask``, and a graph traced
-    without one cannot serve a left-padded batch. Only shapes matter to the
-    trace, so one padded position makes every graph take a mask input.
-    """
-    inputs = dict(capture.kwargs)
-    ids = inputs.get("input_ids")
-    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[-1] < 2:
-        return inputs
-    mask = inputs.get("attention_mask")
-    if mask is None or bool(mask.all()):
-        mask = torch.ones_like(ids)
-        mask[0, 0] = 0
-        inputs["attention_mask"] = mask
-    return inputs
-
-
 def _one_item(kwargs: dict[str, Any]) -> dict[str, Any]:
     """A feature encoder's inputs cut to the first image (or clip), when every tensor input is batched alike.
 
@@ -258,29 +54,6 @@ def _one_item(kwargs: dict[str, Any]) -> dict[str, Any]:
     if not tensors or len({int(t.shape[0]) for t in tensors}) != 1:
         return kwargs
     return {k: v[:1] if isinstance(v, torch.Tensor) and v.ndim else v for k, v in kwargs.items()}
-
-
-def _with_features_only(call: dict[str, Any]) -> dict[str, Any]:
-    """The call with its pre-encoded ``mm_encoder_outputs`` as the encoder components return them."""
-    encoded = call.get("mm_encoder_outputs")
-    if not isinstance(encoded, Mapping):
-        return call
-    return {**call, "mm_encoder_outputs": {k: features_only(v) for k, v in encoded.items()}}
-
-
-def _with_2d_mask(call: dict[str, Any], inputs: Mapping[str, Any], index: int) -> dict[str, Any]:
-    """The call with the 2D padding mask in place of the 4D mask generate builds for static caches.
-
-    ``forward`` builds the same 4D mask from a 2D one (and the cache), so the
-    graph takes the mask every runtime's generate loop can grow by one column.
-    """
-    mask = call.get("attention_mask")
-    prompt_mask = inputs.get("attention_mask")
-    if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or not isinstance(prompt_mask, torch.Tensor):
-        return call
-    batch = prompt_mask.shape[0]
-    grown = torch.ones(batch, index, dtype=prompt_mask.dtype)
-    return {**call, "attention_mask": torch.cat([prompt_mask, grown], dim=-1)}
 
 
 def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
@@ -330,7 +103,7 @@ def _one_token_mask_axis(capture: Capture, shapes: DynamicShapes) -> dict[str, s
     return {}
 
 
-def _encoder_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any], packed: bool) -> Capture:
+def encoder_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any], packed: bool) -> Capture:
     """An encoder's capture; a feature encoder that splits per image in Python is cut to one image.
 
     ``packed``: a tower taking every image's patches in one sequence (and
@@ -359,7 +132,7 @@ def _encoder_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any],
     return attrs.evolve(capture, dynamic_shapes=attrs.evolve(shapes, bounds=bounds))
 
 
-def _part_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any]) -> Capture:
+def part_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any]) -> Capture:
     """A multimodal prefill part's capture, with the axes of inputs no shape rule knows by name."""
     capture = Capture(module=module, source=module, kwargs=kwargs, name=name)
     if name in ("embed_tokens", "lm_head"):  # one input: token ids, or the hidden states of the kept positions
@@ -420,19 +193,19 @@ def decompose(
     model = capture.source
     if not can_generate(model):
         return Components(items={"model": attrs.evolve(capture, name="model")})
-    inputs = _with_mask(capture)
+    inputs = with_padding_mask(capture)
     steps = _steps(model, inputs, multi_token_decode)
-    recorded = _generate_calls(model, inputs, steps, generation_config)
-    calls = [_with_features_only(_with_2d_mask(call, inputs, index)) for index, call in enumerate(recorded.calls)]
+    recorded = recorded_generate(model, inputs, steps, generation_config)
+    calls = recorded.calls
     decode = _pick_decode(calls, multi_token=multi_token_decode)
     if not calls or decode is None:
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
         raise CaptureError(describe("decompose", model, "decode", what, "Pass a prompt of at least 2 tokens."))
     parts = {
-        name: _encoder_capture(name, module, kwargs, packed=bool(recorded.encoder_inputs.get(name, {}).get("computed")))
+        name: encoder_capture(name, module, kwargs, packed=bool(recorded.encoder_inputs.get(name, {}).get("computed")))
         for name, (module, kwargs) in recorded.encoders.items()
     }
-    parts.update({name: _part_capture(name, module, kwargs) for name, (module, kwargs) in recorded.parts.items()})
+    parts.update({name: part_capture(name, module, kwargs) for name, (module, kwargs) in recorded.parts.items()})
     if not multi_token_decode and "language_model" not in parts:  # a multi-token decode graph prefills too
         parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
     decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")

@@ -152,13 +152,12 @@ _PIXELS = {"image": "pixel_values", "video": "pixel_values_videos"}
 
 def _packed_modalities(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """``{modality: tower}`` of the model's packed-image towers whose feature method takes precomputed inputs."""
-    from hfx._decompose import _tower
-    from hfx._multimodal import feature_methods
+    from hfx._capture.multimodal import feature_methods, modality_tower
 
     base = getattr(model, "base_model", model)
     found = {}
     for modality, method in feature_methods(model).items():
-        tower = _tower(model, modality)
+        tower = modality_tower(model, modality)
         if tower is not None and tower_getters(tower) and _takes_precomputed(vars(type(base)).get(method)):
             found[modality] = tower
     return found
@@ -209,7 +208,7 @@ def vision_inputs(model: torch.nn.Module, inputs: Mapping[str, Any], /) -> dict[
         ['image_cu_seqlens', 'image_position_ids', 'position_ids']
         >>> program = hfx.export(hfx.capture({**inputs, **vision_inputs(model, inputs)}, model))  # doctest: +SKIP
     """
-    from hfx._positions import has_media_grids, multimodal_positions
+    from hfx._capture.positions import has_media_grids, multimodal_positions
 
     computed: dict[str, torch.Tensor] = {}
     for modality, tower in _packed_modalities(model).items():

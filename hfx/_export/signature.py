@@ -11,8 +11,8 @@ import attrs
 import torch
 from torch.utils import _pytree as pytree
 
-from hfx._caches import is_cache
-from hfx._compose import per_component
+from hfx._lift import per_component
+from hfx._pytree import is_cache
 from hfx._records import Capture
 
 
@@ -55,7 +55,7 @@ def without_updated_inputs(output: Any, given: set[int]) -> Any:
 
 def _tensors_of(value: Any) -> list[torch.Tensor]:
     """Every tensor held by ``value``, walking object attributes (caches need not be pytree nodes here)."""
-    from hfx._dynamic_shapes import owned_tensors
+    from hfx._capture.dynamic_shapes import owned_tensors
 
     return [tensor for _, tensor, _ in owned_tensors({"value": value})]
 

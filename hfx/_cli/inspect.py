@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from hfx._cli_common import EXIT_OK, megabytes, read_manifest, saved_exports, table
+from hfx._cli.common import EXIT_OK, megabytes, read_manifest, saved_exports, table
 
 # Manifest keys of a component entry that describe how it runs rather than what it is.
 _RUNTIME_DETAILS = ("opset", "device", "source_class")

@@ -123,10 +123,10 @@ def _model_class(config: Any, task: str | None) -> Any:
 
 def _processor(name: str) -> Any:
     """The tokenizer or processor saved with the model, or ``None`` when there is none."""
-    from hfx._save import _load_processor
+    from hfx._save import load_processor
 
     try:
-        return _load_processor(Path(name)) if Path(name).is_dir() else None
+        return load_processor(Path(name)) if Path(name).is_dir() else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

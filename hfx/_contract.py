@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from hfx._caches import classes_in_spec, registered_caches
 from hfx._errors import InputError
-from hfx._records import IoSpec, TensorSpec
+from hfx._pytree import classes_in_spec, registered_caches
+
+if TYPE_CHECKING:  # _records imports this module: the records' calls run through it
+    from hfx._records import IoSpec, TensorSpec
 
 
 @functools.lru_cache(maxsize=256)

@@ -9,9 +9,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any
 
-from hfx._cli_quiet import quiet
+from hfx._cli.progress import step
+from hfx._cli.quiet import quiet
 from hfx._errors import HfxError
-from hfx._progress import step
 
 EXIT_OK = 0
 EXIT_FAILED = 1

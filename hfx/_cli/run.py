@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import IO, Any
 
-from hfx._cli_common import EXIT_OK, UsageError, quiet_step, require_runtimes, saved_exports, table
+from hfx._cli.common import EXIT_OK, UsageError, quiet_step, require_runtimes, saved_exports, table
 
 
 def run_generate(args: argparse.Namespace, stream: IO[str]) -> int:

@@ -12,9 +12,9 @@ import attrs
 import torch
 from toolz import curry
 
+from hfx._capture.vision_inputs import packed_input_axes, precomputed_input_names
 from hfx._errors import InputError, describe
 from hfx._records import Capture, DynamicShapes
-from hfx._vision_inputs import packed_input_axes, precomputed_input_names
 
 # Keyword arguments that transformers' forward wrappers accept without naming them in the signature.
 _WRAPPER_KWARGS = frozenset({"return_dict", "output_attentions", "output_hidden_states", "use_cache"})
@@ -110,7 +110,7 @@ def _packed_image_shapes(captured: Capture) -> DynamicShapes | None:
     No name rule tells a packed model's ``pixel_values`` (``[patches, features]``)
     or its towers' precomputed inputs apart from per-prompt tensors.
     """
-    from hfx._dynamic_shapes import declared_shapes, infer_dynamic_shapes
+    from hfx._capture.dynamic_shapes import declared_shapes, infer_dynamic_shapes
 
     packed = packed_input_axes(captured.source, captured.kwargs)
     if not packed:

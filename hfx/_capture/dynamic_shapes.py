@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hfx._compose import per_component
+from hfx._lift import per_component
 from hfx._records import Capture, DynamicShapes
 
 # Input name -> {axis: dim name}. Axes may be negative (counted from the end).

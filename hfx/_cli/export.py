@@ -12,7 +12,7 @@ from typing import IO, Any
 
 import attrs
 
-from hfx._cli_common import (
+from hfx._cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     RUNTIMES,
@@ -100,7 +100,7 @@ def _print_report(rows: list[Row], failed: list[str], summary: str, out: str, ru
 
 def _load(args: argparse.Namespace) -> Any:
     """The model of ``args.model``; a model that cannot be found is a usage error (exit 2)."""
-    from hfx._load_model import load_model
+    from hfx._cli.load_model import load_model
 
     try:
         return load_model(args.model, task=args.task, dtype=args.dtype)
@@ -137,7 +137,7 @@ def check_options(args: argparse.Namespace, runtimes: list[str]) -> None:
 def _check_opset(opset: int, runtimes: list[str]) -> None:
     if "onnx" not in runtimes:
         raise UsageError(f"--opset {opset} applies to ONNX only: add onnx to --to or drop --opset.")
-    from hfx.backends._onnx import _check_opset as check
+    from hfx.backends._onnx import check_opset as check
 
     try:
         check(opset)
@@ -225,8 +225,8 @@ def _token_row(runtime: str, programs: Any, model: Any, prompt: Mapping[str, Any
 def _subject(loaded: Any, args: argparse.Namespace) -> _Subject:
     """The captures to export and, per component, the module and new-shape inputs to check it with."""
     import hfx
-    from hfx._decompose import can_generate
-    from hfx._load_model import example_inputs
+    from hfx._capture.decompose import can_generate
+    from hfx._cli.load_model import example_inputs
     from hfx._records import Components
 
     model = loaded.model

@@ -136,3 +136,13 @@ class FeatureEncoder(torch.nn.Module):
         except ProjectorCall as stop:
             return stop.features
         return features_only(output)
+
+
+def modality_tower(model: torch.nn.Module, modality: str) -> torch.nn.Module | None:
+    """The modality's encoder module (``get_encoder(modality=…)``), or ``None`` when the model names none."""
+    get = getattr(model, "get_encoder", None)
+    try:
+        tower = get(modality=modality) if callable(get) else None
+    except (TypeError, ValueError):
+        return None
+    return tower if isinstance(tower, torch.nn.Module) and tower is not model and tower is not getattr(model, "base_model", None) else None

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import IO
 
-from hfx._cli_common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, RUNTIMES, UsageError
+from hfx._cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, RUNTIMES, UsageError
 
 _EXAMPLES = """examples:
   hfx export --to onnx --out llama-export          # the built-in tiny Llama, verified and saved
@@ -27,8 +27,8 @@ _EXAMPLES = """examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from hfx._cli_export import CAPTURE_SHAPE, CHECK_SHAPE, DEFAULT_ATOL, QUANTIZATIONS
-    from hfx._load_model import DTYPES, TASKS
+    from hfx._cli.export import CAPTURE_SHAPE, CHECK_SHAPE, DEFAULT_ATOL, QUANTIZATIONS
+    from hfx._cli.load_model import DTYPES, TASKS
 
     parser = argparse.ArgumentParser(
         prog="hfx", description="Export Hugging Face models to torch.export, ONNX, ExecuTorch and OpenVINO.",
@@ -87,9 +87,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _commands() -> dict[str, Callable[[argparse.Namespace, IO[str]], int]]:
-    from hfx._cli_export import run_export
-    from hfx._cli_inspect import run_inspect
-    from hfx._cli_run import run_generate, run_zoo
+    from hfx._cli.export import run_export
+    from hfx._cli.inspect import run_inspect
+    from hfx._cli.run import run_generate, run_zoo
 
     return {"export": run_export, "inspect": run_inspect, "run": run_generate, "zoo": run_zoo}
 
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ...
         0
     """
-    from hfx._progress import progress_stream
+    from hfx._cli.progress import progress_stream
 
     try:
         args = _parser().parse_args(argv)

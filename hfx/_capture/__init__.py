@@ -1,0 +1,1 @@
+"""Capture: a model and its inputs, the named dynamic axes, and the record of what generate() runs."""

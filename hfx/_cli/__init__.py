@@ -1,0 +1,3 @@
+"""The ``hfx`` command line."""
+
+from hfx._cli.main import main as main

@@ -1,0 +1,3 @@
+"""The hfx release."""
+
+__version__ = "0.1.0"
