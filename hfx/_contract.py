@@ -16,7 +16,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from hfx._errors import InputError
-from hfx._pytree import classes_in_spec, registered_caches
+from hfx._pytree import classes_in_spec, registered_caches, spec_caches
 
 if TYPE_CHECKING:  # _records imports this module: the records' calls run through it
     from hfx._records import IoSpec, TensorSpec
@@ -123,7 +123,7 @@ def call(io: IoSpec, run: Callable[[list[torch.Tensor]], Sequence[Any]], kwargs:
 
     Cache classes named by the program's specs are pytree nodes for the length of the call.
     """
-    with registered_caches(classes_in_spec(io.in_spec) + classes_in_spec(io.out_spec)):
+    with spec_caches(io):
         flat = flat_inputs(io, kwargs, program=program)
         outputs = list(run(flat))
         if len(outputs) != len(io.outputs):

@@ -21,7 +21,7 @@ from hfx._capture.positions import next_positions, prompt_positions, text_positi
 from hfx._capture.vision_inputs import computed_vision_inputs
 from hfx._contract import input_keys, load_spec
 from hfx._errors import InputError
-from hfx._pytree import classes_in_spec, registered_caches
+from hfx._pytree import spec_caches
 from hfx._records import Components
 
 _UNSET: Any = object()
@@ -34,7 +34,7 @@ def _initial_cache(program: Any, batch: int, key: str) -> Any:
     for spec in io.inputs:
         shape = [batch if dim == "batch" else (dim if isinstance(dim, int) else 0) for dim in spec.shape]
         leaves.append(torch.zeros(shape, dtype=getattr(torch, spec.dtype)))
-    with registered_caches(classes_in_spec(io.in_spec)):
+    with spec_caches(io):
         _, kwargs = pytree.tree_unflatten(leaves, load_spec(io.in_spec))
     return kwargs.get(key)
 
@@ -139,15 +139,11 @@ def generate(
 
     state: dict[str, Any] = dict(inputs)
     # Registered once for the whole loop: each step's call then finds the cache classes already there.
-    with registered_caches(tuple({c: None for p in programs.values() for c in _spec_classes(p.io)})):
+    with spec_caches(*(program.io for program in programs.values())):
         features = _run_feature_encoders(programs, state)
         if meta.get("is_encoder_decoder"):
             return _generate_encoder_decoder(programs, state, max_new_tokens, eos, pad, choose)
         return _generate_decoder_only(programs, state, max_new_tokens, eos, pad, choose, features)
-
-
-def _spec_classes(io: Any) -> tuple[type, ...]:
-    return classes_in_spec(io.in_spec) + classes_in_spec(io.out_spec)
 
 
 def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> dict[str, Any]:

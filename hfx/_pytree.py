@@ -17,7 +17,7 @@ import functools
 import importlib
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -206,6 +206,12 @@ def registered_caches(classes: Iterable[type] | None = None) -> Iterator[None]:
             pytree._deregister_pytree_node(cls)  # noqa: SLF001 - the only way to undo register_pytree_node
 
 
+def spec_caches(*ios: Any) -> contextlib.AbstractContextManager[None]:
+    """A block in which the cache classes named by each ``IoSpec``'s input and output specs are pytree nodes."""
+    classes = {cls: None for io in ios for spec in (io.in_spec, io.out_spec) for cls in classes_in_spec(spec)}
+    return registered_caches(tuple(classes))
+
+
 def classes_in_spec(serialised: str) -> tuple[type, ...]:
     """The non-builtin node classes a serialised treespec names that are cache classes (imported by name).
 
@@ -233,3 +239,53 @@ def _classes_in_spec(serialised: str) -> tuple[type, ...]:
             importlib.import_module(module)
     known = {f"{c.__module__}.{c.__qualname__}": c for c in cache_classes()}
     return tuple(known[n] for n in sorted(names) if n in known)
+
+
+def leaf_name(path: tuple[Any, ...]) -> str:
+    """A dotted name for a pytree key path: ``past_key_values.layers.0.keys``."""
+    parts = []
+    for key in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return ".".join(parts)
+
+
+def named_leaves(kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Every pytree leaf of ``kwargs`` with its dotted name, in flattening order."""
+    with_paths, _ = pytree.tree_flatten_with_path(dict(kwargs))
+    return [(leaf_name(path), leaf) for path, leaf in with_paths]
+
+
+def owned_tensors(kwargs: Mapping[str, Any]) -> list[tuple[str, torch.Tensor, tuple[type, ...]]]:
+    """Every tensor in ``kwargs`` with its dotted name and the classes of the objects holding it.
+
+    Named like ``named_leaves`` (``past_key_values.layers.0.keys``), but walking
+    cache objects by their attributes so a rule can tell a static cache layer
+    from a dynamic one.
+    """
+    found: list[tuple[str, torch.Tensor, tuple[type, ...]]] = []
+    seen: set[int] = set()
+
+    def walk(value: Any, name: str, owners: tuple[type, ...]) -> None:
+        if id(value) in seen:  # objects may refer back to their owner
+            return
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            found.append((name, value, owners))
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(item, f"{name}.{index}", owners)
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(item, f"{name}.{key}", owners)
+        elif hasattr(value, "__dict__") and not isinstance(value, torch.nn.Module):
+            for key, item in vars(value).items():
+                walk(item, f"{name}.{key}", (*owners, type(value)))
+
+    for key, value in kwargs.items():
+        walk(value, key, ())
+    return found

@@ -10,7 +10,7 @@ import attrs
 import torch
 from toolz import curry
 
-from hfx._capture.dynamic_shapes import named_leaves
+from hfx._pytree import named_leaves
 from hfx._records import Components
 
 

@@ -14,11 +14,11 @@ import attrs
 import torch
 from toolz import curry
 
-from hfx._capture.dynamic_shapes import declared_shapes, infer_dynamic_shapes, owned_tensors
+from hfx._capture.dynamic_shapes import declared_shapes, infer_dynamic_shapes
 from hfx._capture.multimodal import FeatureEncoder, feature_methods, placeholder_tokens
 from hfx._capture.recording import recorded_generate, with_padding_mask
 from hfx._errors import CaptureError, describe
-from hfx._pytree import is_cache
+from hfx._pytree import is_cache, owned_tensors
 from hfx._records import Capture, Components, DynamicShapes
 
 _MIN_PAST = 2  # a decode captured with a past of 0 or 1 would specialise that axis

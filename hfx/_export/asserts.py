@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch.export.exported_program import ExportedProgram
 
+from hfx._records import Exported
+
 _ASSERT_OPS = ("aten._assert_scalar", "aten._assert_tensor_metadata", "aten.sym_constrain_range_for_size",
                "aten._assert_async")
 _CONDITION_OPS = ("_is_all_true", "_local_scalar_dense", "aten.item", "operator.", "sym_", "aten.eq", "aten.ge",
@@ -72,3 +74,18 @@ def _computes_a_condition(node: Any) -> bool:
     if getattr(node.target, "__module__", None) in ("_operator", operator.__name__):
         return True  # size comparisons (``sym_ite(cond) >= 1``)
     return any(name in str(node.target) for name in _CONDITION_OPS)
+
+
+def without_runtime_asserts(exported: Exported) -> Exported:
+    """``exported`` with the graph's runtime asserts (and the nodes only they used) removed.
+
+    Checks like transformers' ``torch_compilable_check`` (image tokens match
+    image features) and deferred shape relations trace to
+    ``_is_all_true -> item -> _assert_scalar``: ONNX has no ``_is_all_true``,
+    ExecuTorch and OpenVINO no asserts. hfx checks names, dtypes, dims and
+    bounds before a call. The graph is copied; the ``Exported`` given is not changed.
+    """
+    import attrs
+
+    stripped = without_asserts(exported.program)
+    return exported if stripped is exported.program else attrs.evolve(exported, program=stripped)

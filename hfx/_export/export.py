@@ -10,13 +10,14 @@ import torch
 from toolz import curry
 from torch.utils import _pytree as pytree
 
-from hfx._capture.dynamic_shapes import infer_dynamic_shapes, named_leaves, refine, to_torch, widen_unit_axes
+from hfx._capture.dynamic_shapes import infer_dynamic_shapes
+from hfx._export.torch_shapes import refine, to_torch, widen_unit_axes
 from hfx._errors import CaptureError, describe
 from hfx._export.asserts import on_input_sizes_only, without_asserts
 from hfx._export.prune import without_unused_weights
 from hfx._export.signature import flatten_signature
 from hfx._lift import per_component
-from hfx._pytree import cache_classes, registered_caches
+from hfx._pytree import cache_classes, named_leaves, registered_caches
 from hfx._records import Capture, DynamicShapes, Exported, IoSpec, TensorSpec
 from hfx.patches import Patch, default_patches, with_patches
 
@@ -246,6 +247,6 @@ def _output_names(out_spec: pytree.TreeSpec, count: int) -> list[str]:
     """Dotted names of the output leaves (``logits``, ``hidden_states.0``)."""
     structure = pytree.tree_unflatten([torch.empty(0)] * count, out_spec)
     with_paths, _ = pytree.tree_flatten_with_path(structure)
-    from hfx._capture.dynamic_shapes import leaf_name
+    from hfx._pytree import leaf_name
 
     return [leaf_name(path) or "output" for path, _ in with_paths]

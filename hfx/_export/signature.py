@@ -55,7 +55,7 @@ def without_updated_inputs(output: Any, given: set[int]) -> Any:
 
 def _tensors_of(value: Any) -> list[torch.Tensor]:
     """Every tensor held by ``value``, walking object attributes (caches need not be pytree nodes here)."""
-    from hfx._capture.dynamic_shapes import owned_tensors
+    from hfx._pytree import owned_tensors
 
     return [tensor for _, tensor, _ in owned_tensors({"value": value})]
 

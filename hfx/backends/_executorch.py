@@ -36,9 +36,11 @@ from typing import Any
 import attrs
 import torch
 from toolz import curry
-from torch.utils import _pytree as pytree
 
-from hfx._capture.dynamic_shapes import derived_dim
+from hfx._export.example_inputs import example_kwargs
+from hfx._export.torch_shapes import derived_dim
+from hfx._export.updates import for_runtime
+from hfx._pytree import spec_caches
 from hfx._contract import call
 from hfx._errors import InputError, LoweringError
 from hfx._lift import per_component
@@ -47,11 +49,9 @@ from hfx.backends._common import (
     as_exported,
     captured_output,
     first_line,
-    for_runtime,
     lowering_error,
     require,
     root_cause,
-    spec_caches,
     with_log,
 )
 from hfx.backends._sdpa_layout import patch_sdpa_decomposition_layout
@@ -198,7 +198,7 @@ def lower_to_pte(exported: Exported | Capture, /, *, max_sizes: Mapping[str, int
     bounds = pte_bounds(exported, max_sizes=max_sizes)
     with _quietly() as log:
         exported = for_runtime(exported)  # an ExecuTorch program cannot write its inputs or run asserts
-        with spec_caches(exported):
+        with spec_caches(exported.io):
             buffer, kept = _to_pte(exported, bounds, log)
     io_spec = attrs.evolve(exported.io, bounds={**exported.io.bounds, **kept})
     try:
@@ -417,65 +417,6 @@ LOWERING_PATCHES: tuple[Patch, ...] = (
     patch_exact_upper_bounds,
     patch_sdpa_decomposition_layout,
 )
-
-
-def example_kwargs(exported: Exported, bounds: Mapping[str, tuple[int, int | None]]) -> dict[str, Any]:
-    """Zero inputs for ``exported`` at its trace sizes, each named dim clamped to ``bounds`` (tracing reads only shapes).
-
-    A dim traced at 0 or 1 is taken at 2 when its bounds allow (torch.export
-    specialises sizes 0 and 1); an unbounded maximum keeps the trace size.
-    """
-    program = exported.program
-    sizes = {
-        name: _example_size(hint, bounds[name][0], bounds[name][1] if bounds[name][1] is not None else max(hint, 2))
-        for name, hint in _hints(exported).items() if name in bounds
-    }
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    leaves = [
-        _example(spec.shape, placeholders[user].meta.get("val"), sizes)
-        for spec, user in zip(exported.io.inputs, program.graph_signature.user_inputs)
-    ]
-    _, kwargs = pytree.tree_unflatten(leaves, program.call_spec.in_spec)  # hfx graphs take keywords only
-    return kwargs
-
-
-def _hints(exported: Exported) -> dict[str, int]:
-    """The trace size of each named dim, read off the user-input placeholders."""
-    program = exported.program
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    hints: dict[str, int] = {}
-    for spec, user in zip(exported.io.inputs, program.graph_signature.user_inputs):
-        val = placeholders[user].meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            continue
-        for want, size in zip(spec.shape, val.shape):
-            if isinstance(want, str) and isinstance(size, torch.SymInt) and size.node.hint is not None:
-                hints.setdefault(want, int(size.node.hint))
-    return hints
-
-
-def _example_size(hint: int, lo: int, hi: int) -> int:
-    # torch.export specialises a dim traced at size 0 or 1, so a dynamic dim is traced at >= 2.
-    return lo if lo == hi else min(max(hint, lo, 2), hi)
-
-
-def _example(shape: tuple[int | str, ...], val: Any, sizes: Mapping[str, int]) -> Any:
-    """A zero tensor like the placeholder ``val``, each named dim at ``sizes[name]`` (tracing reads only shapes).
-
-    A derived dim (``"past_sequence + 1"``) is sized from its base.
-    """
-    if not isinstance(val, torch.Tensor):
-        return val
-    return torch.zeros([_named_size(want, size, sizes) for want, size in zip(shape, val.shape)], dtype=val.dtype)
-
-
-def _named_size(want: int | str, size: int | torch.SymInt, sizes: Mapping[str, int]) -> int:
-    base, offset = derived_dim(want) if isinstance(want, str) else (None, 0)
-    return sizes[base] + offset if base in sizes else _concrete(size)
-
-
-def _concrete(size: int | torch.SymInt) -> int:
-    return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
 
 
 def _load_program(buffer: bytes, name: str) -> Any:

@@ -23,17 +23,17 @@ from toolz import curry
 
 from hfx._contract import call
 from hfx._errors import LoweringError
+from hfx._export.updates import for_runtime
+from hfx._pytree import spec_caches
 from hfx._lift import per_component
 from hfx._records import Capture, Exported, IoSpec
 from hfx.backends._common import (
     as_exported,
     captured_output,
     first_line,
-    for_runtime,
     lowering_error,
     require,
     root_cause,
-    spec_caches,
 )
 
 RUNTIME = "onnx"
@@ -147,7 +147,7 @@ def lower_to_onnx(exported: Exported | Capture, /, *, opset: int = MIN_OPSET, op
     require("onnx", "onnxscript", "onnxruntime", extra="onnx")
     check_opset(opset)
     exported = for_runtime(as_exported(exported, stage="lower_to_onnx"))
-    with spec_caches(exported):
+    with spec_caches(exported.io):
         model = _to_onnx(exported, opset=opset, optimize=optimize)
     try:
         return OnnxProgram(model=model, io=exported.io, name=exported.name, opset=opset)

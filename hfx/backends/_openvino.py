@@ -25,7 +25,9 @@ from hfx._contract import call
 from hfx._errors import LoweringError, describe
 from hfx._lift import per_component
 from hfx._records import Capture, Exported, IoSpec, TensorSpec
-from hfx.backends._common import as_exported, for_runtime, require, spec_caches
+from hfx._export.updates import for_runtime
+from hfx._pytree import spec_caches
+from hfx.backends._common import as_exported, require
 
 RUNTIME = "openvino"
 
@@ -137,7 +139,7 @@ def lower_to_ov(exported: Exported | Capture, /, *, device: str = "CPU") -> OvPr
         msg = f"lower_to_ov: device must be an OpenVINO device name such as 'CPU', got {device!r}"
         raise TypeError(msg)
     exported = as_exported(exported, stage="lower_to_ov")
-    with _quiet() as caught, spec_caches(exported):
+    with _quiet() as caught, spec_caches(exported.io):
         try:
             exported = for_runtime(exported)  # asserts dropped; in-place writes (a static cache) become outputs
             model = _convert(exported)

@@ -134,9 +134,9 @@ def _is_sample(mapping: Mapping[str, Any]) -> bool:
 def graph_feeds(io: IoSpec, samples: Sequence[Mapping[str, Any]], *, program: str) -> list[list[torch.Tensor]]:
     """Each sample as the graph's flat inputs, checked by ``hfx._contract.flat_inputs`` (names, dtypes, dims, bounds)."""
     from hfx._contract import flat_inputs
-    from hfx._pytree import classes_in_spec, registered_caches
+    from hfx._pytree import spec_caches
 
-    with registered_caches(classes_in_spec(io.in_spec)):
+    with spec_caches(io):
         return [flat_inputs(io, sample, program=program) for sample in samples]
 
 

@@ -77,12 +77,13 @@ def quantize_pt2e(
 
 def _quantize(exported: Exported, /, *, scheme: str, calibration: Calibration | None, group_size: int) -> Exported:
     """One component: prepare, calibrate, convert, export again; the contract and shapes are kept."""
-    from hfx.backends._common import require, spec_caches
+    from hfx._pytree import spec_caches
+    from hfx.backends._common import require
 
     require("executorch", "torchao", extra="executorch")
     static = "scheme 'int8'" if scheme == "int8" else None
     samples = component_samples(STAGE, exported, Exported, calibration, static=static, instead="scheme='8da8w'")
-    with spec_caches(exported):
+    with spec_caches(exported.io):
         feeds = graph_feeds(exported.io, samples, program=f"{STAGE}({exported.name})") if samples else None
         module = exported.program.module()  # a new GraphModule: the program's graph is not touched
         if scheme == "8da4w":
@@ -198,7 +199,7 @@ def _check_group_size(exported: Exported, module: torch.fx.GraphModule, group_si
 
 def _example_kwargs(exported: Exported) -> dict[str, Any]:
     """Zero inputs at the export's trace sizes (tracing and weight observers read only shapes)."""
-    from hfx.backends._executorch import example_kwargs
+    from hfx._export.example_inputs import example_kwargs
 
     return example_kwargs(exported, {**exported.dynamic_shapes.bounds, **exported.io.bounds})
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hfx._cli.main import main
-from tests.test_cli import hfx_cli, upstream_noise
+from tests._cli.test_main import hfx_cli, upstream_noise
 
 
 def _one_paragraph(result: subprocess.CompletedProcess[str]) -> str:

@@ -1,11 +1,11 @@
-"""The helpers every backend shares (hfx/backends/_common.py), in isolation."""
+"""``without_runtime_asserts`` (hfx/_export/asserts.py), the pass every runtime but torch lowers through, in isolation."""
 
 from __future__ import annotations
 
 import torch
 
 import hfx
-from hfx.backends._common import without_runtime_asserts
+from hfx._export.asserts import without_runtime_asserts
 from tests.helpers import DataDependent
 
 

@@ -16,7 +16,7 @@ from hfx._cli.load_model import _is_offline, _not_loadable
 from hfx._cli.progress import step
 from hfx._cli.run import prompt_inputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Tty(io.StringIO):

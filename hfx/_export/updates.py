@@ -1,0 +1,74 @@
+"""Graph passes that make an ``Exported`` lowerable by a runtime that cannot write its inputs or run asserts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hfx._export.asserts import without_runtime_asserts
+from hfx._pytree import spec_caches
+from hfx._records import Exported
+
+
+def for_runtime(exported: Exported) -> Exported:
+    """What a runtime that cannot write inputs or run asserts lowers: asserts removed, in-place writes as outputs."""
+    return with_updates_as_outputs(without_runtime_asserts(exported))
+
+
+def with_updates_as_outputs(exported: Exported) -> Exported:
+    """``exported`` with its in-place input writes turned into trailing outputs.
+
+    ONNX, ExecuTorch and OpenVINO graphs cannot write their inputs: the
+    functional program returns the new values of ``io.updates`` after the
+    model's outputs (named ``updated.<input>``), and the call copies them back
+    into the caller's tensors. The ``Exported`` given is not changed.
+    """
+    if not exported.io.updates:
+        return exported
+    import dataclasses
+
+    import attrs
+    from torch.export.exported_program import ExportedProgram
+    from torch.export.graph_signature import ExportGraphSignature, OutputKind, OutputSpec
+    from torch.utils import _pytree as pytree
+
+    from hfx._records import TensorSpec
+
+    with spec_caches(exported.io):
+        functional = exported.program.run_decompositions({})
+        signature = functional.graph_signature
+        output = next(n for n in functional.graph.nodes if n.op == "output")
+        pairs = list(zip(output.args[0], signature.output_specs))
+        kept = [(arg, spec) for arg, spec in pairs if spec.kind != OutputKind.USER_INPUT_MUTATION]
+        written = {spec.target: arg for arg, spec in pairs if spec.kind == OutputKind.USER_INPUT_MUTATION}
+        placeholder_of = dict(zip(exported.io.input_names, signature.user_inputs))
+        moved = [(written[placeholder_of[name]], name) for name in exported.io.updates]
+        output.args = (tuple(arg for arg, _ in kept) + tuple(arg for arg, _ in moved),)
+        functional.graph_module.recompile()
+        specs = [spec for _, spec in kept]
+        specs += [OutputSpec(kind=OutputKind.USER_OUTPUT, arg=spec_arg(arg), target=None) for arg, _ in moved]
+        out_spec = pytree.TreeSpec(tuple, None, [functional.call_spec.out_spec] + [pytree.treespec_leaf()] * len(moved))
+        entries = [
+            dataclasses.replace(entry, signature=dataclasses.replace(entry.signature, out_spec=out_spec))
+            if entry.fqn == "" and entry.signature is not None else entry
+            for entry in functional.module_call_graph
+        ]
+        program = ExportedProgram(
+            root=functional.graph_module,
+            graph=functional.graph,
+            graph_signature=ExportGraphSignature(input_specs=signature.input_specs, output_specs=specs),
+            state_dict=functional.state_dict,
+            range_constraints=functional.range_constraints,
+            module_call_graph=entries,
+            constants=functional.constants,
+            verifiers=[functional.verifier],
+        )
+    by_name = {spec.name: spec for spec in exported.io.inputs}
+    extra = [TensorSpec(name=f"updated.{name}", dtype=by_name[name].dtype, shape=by_name[name].shape) for name in exported.io.updates]
+    return attrs.evolve(exported, program=program, io=attrs.evolve(exported.io, outputs=(*exported.io.outputs, *extra)))
+
+
+def spec_arg(node: Any) -> Any:
+    """The ``TensorArgument`` naming an FX node in a graph signature."""
+    from torch.export.graph_signature import TensorArgument
+
+    return TensorArgument(name=node.name)

@@ -1,0 +1,45 @@
+"""infer_dynamic_shapes: named axes shared by inputs; refine from torch's suggested fixes."""
+
+from __future__ import annotations
+
+import torch
+
+import hfx
+from hfx import zoo
+
+
+def test_token_inputs_share_batch_and_sequence(models):
+    shapes = hfx.infer_dynamic_shapes(hfx.capture(zoo.inputs("llama"), models("llama")))
+    assert dict(shapes.axes["input_ids"]) == {0: "batch", 1: "sequence"}
+    assert dict(shapes.axes["attention_mask"]) == {0: "batch", 1: "sequence"}
+    assert shapes.names == ("batch", "sequence")
+    assert shapes.bounds["sequence"] == (1, models("llama").config.max_position_embeddings)
+
+
+def test_images_get_height_and_width(models):
+    shapes = hfx.infer_dynamic_shapes(hfx.capture(zoo.inputs("vit"), models("vit")))
+    assert dict(shapes.axes["pixel_values"]) == {0: "batch", 2: "height", 3: "width"}
+
+
+def test_unknown_inputs_get_batch_on_axis_zero_only():
+    shapes = hfx.infer_dynamic_shapes(hfx.capture({"input": torch.ones(4, 3)}, torch.nn.Linear(3, 2)))
+    assert dict(shapes.axes["input"]) == {0: "batch"}
+
+
+def test_bounds_override_defaults(models):
+    shapes = hfx.infer_dynamic_shapes(hfx.capture(zoo.inputs("llama"), models("llama")), bounds={"batch": (1, 8)})
+    assert shapes.bounds["batch"] == (1, 8)
+
+
+def test_axes_of_different_sizes_get_different_names(models):
+    ids = torch.ones(2, 5, dtype=torch.long)
+    mask = torch.ones(2, 9, dtype=torch.long)  # a decode step: the mask spans past + new tokens
+    shapes = hfx.infer_dynamic_shapes(hfx.capture({"input_ids": ids, "attention_mask": mask}, models("llama")))
+    assert shapes.axes["input_ids"][1] == "sequence"
+    assert shapes.axes["attention_mask"][1] == "total_sequence"
+    assert shapes.axes["attention_mask"][0] == "batch"
+
+
+def test_a_given_shape_record_wins(models):
+    given = hfx.DynamicShapes(axes={"input_ids": {0: "b"}}, bounds={"b": (1, 4)})
+    assert hfx.infer_dynamic_shapes(hfx.capture(zoo.inputs("llama"), models("llama"), dynamic_shapes=given)) is given
