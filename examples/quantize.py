@@ -36,5 +36,5 @@ per_component = hfx.calibration_inputs(parts, model, calibration)  # {"prefill":
 quantized = pipe(parts, hfx.lower_to_ov, hfx.quantize_ov(mode="int8-static", calibration=per_component))
 directory = hfx.save(quantized, tempfile.mkdtemp() + "/llama-ov-int8")
 loaded = hfx.load(directory)
-print("manifest meta:", dict(loaded.meta["quantization"]))
+print("manifest meta:", dict(loaded.meta.quantization))
 print("tokens:", hfx.generate(loaded, **calibration[0], max_new_tokens=8).tolist())

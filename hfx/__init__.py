@@ -25,10 +25,15 @@ from hfx._generate import generate as generate
 from hfx._lift import by_component as by_component
 from hfx._lift import per_component as per_component
 from hfx._records import Capture as Capture
+from hfx._records import ComponentRoles as ComponentRoles
 from hfx._records import Components as Components
 from hfx._records import DynamicShapes as DynamicShapes
+from hfx._records import EncoderInputs as EncoderInputs
 from hfx._records import Exported as Exported
+from hfx._records import GenerationMeta as GenerationMeta
+from hfx._records import GenerationSettings as GenerationSettings
 from hfx._records import IoSpec as IoSpec
+from hfx._records import ModelSpec as ModelSpec
 from hfx._records import TensorSpec as TensorSpec
 from hfx._save import load as load
 from hfx._save import save as save
@@ -51,13 +56,18 @@ __all__ = [
     "Capture",
     "CaptureError",
     "ComponentError",
+    "ComponentRoles",
     "Components",
     "DynamicShapes",
+    "EncoderInputs",
     "Exported",
+    "GenerationMeta",
+    "GenerationSettings",
     "HfxError",
     "InputError",
     "IoSpec",
     "LoweringError",
+    "ModelSpec",
     "OnnxProgram",
     "OvProgram",
     "PteProgram",

@@ -22,7 +22,7 @@ from hfx._capture.vision_inputs import computed_vision_inputs
 from hfx._contract import input_keys, load_spec
 from hfx._errors import InputError
 from hfx._pytree import spec_caches
-from hfx._records import Components
+from hfx._records import Components, EncoderInputs
 
 _UNSET: Any = object()
 
@@ -129,7 +129,7 @@ def generate(
         msg = "generate takes the Components of decompose (with a 'decode' component), exported or lowered"
         raise InputError(msg)
     meta = programs.meta
-    settings = meta.get("generation_config", {})
+    settings = meta.generation.config
     eos = _eos_ids(settings.get("eos_token_id") if eos_token_id is _UNSET else eos_token_id)
     pad = settings.get("pad_token_id") if pad_token_id is _UNSET else pad_token_id
     if pad is None and eos:
@@ -141,7 +141,7 @@ def generate(
     # Registered once for the whole loop: each step's call then finds the cache classes already there.
     with spec_caches(*(program.io for program in programs.values())):
         features = _run_feature_encoders(programs, state)
-        if meta.get("is_encoder_decoder"):
+        if meta.generation.is_encoder_decoder:
             return _generate_encoder_decoder(programs, state, max_new_tokens, eos, pad, choose)
         return _generate_decoder_only(programs, state, max_new_tokens, eos, pad, choose, features)
 
@@ -152,12 +152,12 @@ def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> dict[s
     Features go through the modality's projector component when there is
     one. A model without a split prefill reads them as ``mm_encoder_outputs``.
     """
-    encoders = programs.meta.get("feature_encoders", {})
-    projectors = programs.meta.get("projectors", {})
+    roles = programs.meta.roles
+    projectors = roles.projectors
     features = {}
-    for name, modality in encoders.items():
+    for name, modality in roles.feature_encoders.items():
         encoder = programs[name]
-        encoded = _encode_in_chunks(encoder, _encoder_inputs(encoder, programs.meta.get("encoder_inputs", {}).get(name), state))
+        encoded = _encode_in_chunks(encoder, _encoder_inputs(encoder, programs.meta.encoder_inputs.get(name), state))
         if projectors.get(modality) in programs:
             encoded = _call_on(programs[projectors[modality]], encoded)
         features[modality] = encoded
@@ -166,7 +166,7 @@ def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> dict[s
     return features
 
 
-def _encoder_inputs(encoder: Any, how: Mapping[str, Any] | None, state: dict[str, Any]) -> dict[str, Any]:
+def _encoder_inputs(encoder: Any, how: EncoderInputs | None, state: dict[str, Any]) -> dict[str, Any]:
     """An encoder's inputs taken from ``state``: by name, or renamed and computed as ``decompose`` recorded.
 
     A packed-image tower takes ``pixel_values`` as ``hidden_states`` and the
@@ -174,14 +174,14 @@ def _encoder_inputs(encoder: Any, how: Mapping[str, Any] | None, state: dict[str
     grids (see ``hfx._capture.vision_inputs``). The grids stay in ``state``: the
     prompt's rotary positions need them.
     """
-    if not how:
+    if how is None or not how.names:
         return {k: state.pop(k) for k in input_keys(encoder.io) if k in state}
-    renamed = {own: state[given] for own, given in how["names"].items() if given in state}
-    for given in how["names"].values():
+    renamed = {own: state[given] for own, given in how.names.items() if given in state}
+    for given in how.names.values():
         if not given.endswith("grid_thw"):
             state.pop(given, None)
-    if how.get("computed") and "grid_thw" in renamed:
-        renamed.update(computed_vision_inputs(how["computed"], renamed["grid_thw"]))
+    if how.computed and "grid_thw" in renamed:
+        renamed.update(computed_vision_inputs(how.computed, renamed["grid_thw"]))
     return renamed
 
 
@@ -204,7 +204,7 @@ def _split_prefill(programs: Components, state: dict[str, Any], features: Mappin
     ids = state["input_ids"]
     embeds = _call_on(programs["embed_tokens"], ids)
     for modality, encoded in features.items():
-        placeholder = (ids == programs.meta["placeholder_tokens"][modality])[..., None].expand_as(embeds)
+        placeholder = (ids == programs.meta.roles.placeholder_tokens[modality])[..., None].expand_as(embeds)
         embeds = embeds.masked_scatter(placeholder, _feature_rows(encoded).to(embeds.dtype))
     language_model = programs["language_model"]
     outputs = language_model(**_step_inputs(language_model, "language_model", {**state, "inputs_embeds": embeds}))
@@ -258,7 +258,7 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
     """
     batch = tokens.shape[0]
     name = next(n for n in ("language_model", "prefill", "decode") if n in programs)
-    cache_key = programs.meta.get("cache_input") or "past_key_values"
+    cache_key = programs.meta.roles.cache_input or "past_key_values"
     state[cache_key] = _initial_cache(programs[name], batch, cache_key)
     mask = state[mask_key]
     new_tokens = tokens
@@ -271,7 +271,7 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         past = mask.shape[-1] - new_tokens.shape[-1]
         state.update({token_key: new_tokens, mask_key: mask})
         if sections:  # M-RoPE: the prompt's from the image grids, then one past the last
-            positions = prompt_positions(programs.meta, sections, state, mask) if positions is None else next_positions(positions)
+            positions = prompt_positions(programs.meta.model, sections, state, mask) if positions is None else next_positions(positions)
         else:
             positions = text_positions(mask)[:, past:]
         state.update({
@@ -318,8 +318,8 @@ def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_n
     if "attention_mask" in encoder_inputs:
         state["attention_mask"] = encoder_inputs["attention_mask"]
     batch = next(iter(encoder_inputs.values())).shape[0]
-    start = programs.meta.get("decoder_start_token_id")
+    start = programs.meta.generation.decoder_start_token_id
     tokens = torch.full((batch, 1), int(start), dtype=torch.long)
     state["decoder_attention_mask"] = torch.ones_like(tokens)
     ids = _loop(programs, state, tokens, "decoder_input_ids", "decoder_attention_mask", max_new_tokens, eos, pad, choose)
-    return ids if programs.meta.get("returns_start_token", True) else ids[:, 1:]
+    return ids if programs.meta.generation.returns_start_token else ids[:, 1:]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Self
 
 import attrs
 
@@ -17,6 +17,11 @@ def readonly(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(mapping or {}))
 
 
+def _readonly_nested(mapping: Mapping[str, Mapping[Any, Any]] | None) -> Mapping[str, Mapping[Any, Any]]:
+    """``readonly`` on ``mapping`` and on each of its values."""
+    return readonly({k: readonly(v) for k, v in dict(mapping or {}).items()})
+
+
 @attrs.frozen(kw_only=True)
 class DynamicShapes:
     """Named dynamic axes of a program's inputs and the bounds of each name.
@@ -26,9 +31,7 @@ class DynamicShapes:
     ``bounds`` maps a dim name to ``(min, max)``; ``max`` is ``None`` when unbounded.
     """
 
-    axes: Mapping[str, Mapping[int, str]] = attrs.field(
-        factory=dict, converter=lambda m: readonly({k: readonly(v) for k, v in dict(m).items()})
-    )
+    axes: Mapping[str, Mapping[int, str]] = attrs.field(factory=dict, converter=_readonly_nested)
     bounds: Mapping[str, tuple[int, int | None]] = attrs.field(factory=dict, converter=readonly)
 
     @property
@@ -154,18 +157,228 @@ class Capture:
     name: str = "model"
 
 
+def _mapping_or_value(value: Any) -> Any:
+    """A read-only copy of a mapping (``None``: empty); any other value is left for the field's validator to name."""
+    return readonly(value) if value is None or isinstance(value, Mapping) else value
+
+
+def _nested_or_value(value: Any) -> Any:
+    """``_mapping_or_value`` for a mapping of mappings: both levels read-only."""
+    if value is None or (isinstance(value, Mapping) and all(isinstance(v, Mapping) for v in value.values())):
+        return _readonly_nested(value)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as ``json.dumps`` takes it: a record as the dict of its fields, every mapping as a ``dict``."""
+    if attrs.has(type(value)):
+        return {field.name: _plain(getattr(value, field.name)) for field in attrs.fields(type(value))}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _json_ready(instance: Any, attribute: Any, value: Any) -> None:
+    """Validator: ``value`` holds JSON values only (it is saved in the manifest)."""
+    try:
+        json.dumps(_plain(value))
+    except (TypeError, ValueError) as exc:
+        msg = f"{type(instance).__name__}.{attribute.name} must hold JSON values only (it is saved in hfx.json): {exc}"
+        raise TypeError(msg) from exc
+
+
+def _mapping(values: type = object, *validators: Any, converter: Any = _mapping_or_value) -> Any:
+    """A field holding a read-only ``{str: values}`` mapping, empty by default, checked by ``validators`` too."""
+    each = attrs.validators.deep_mapping(
+        attrs.validators.instance_of(str), attrs.validators.instance_of(values), attrs.validators.instance_of(Mapping)
+    )
+    return attrs.field(factory=dict, converter=converter, validator=[each, *validators])
+
+
+def _optional(kind: type) -> Any:
+    """Validator: ``None`` or a ``kind``."""
+    return attrs.validators.optional(attrs.validators.instance_of(kind))
+
+
+class _FieldsJson:
+    """``to_json`` / ``from_json`` for a record whose fields are JSON values and read-only mappings of them."""
+
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict, one key per field."""
+        return _plain(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        """The inverse of ``to_json``."""
+        return cls(**data)
+
+
+@attrs.frozen(kw_only=True)
+class GenerationSettings(_FieldsJson):
+    """What the decode loop takes from the model besides its graphs.
+
+    ``config`` is the generation config as JSON, every key
+    (``GenerationConfig.to_json_string(use_diff=False)``): ``generate`` reads its
+    EOS and pad tokens, calibration rebuilds it. ``returns_start_token`` is false
+    for a model whose ``generate()`` leaves the decoder start token out (Whisper).
+    """
+
+    config: Mapping[str, Any] = _mapping(object, _json_ready)
+    decoder_start_token_id: int | None = attrs.field(default=None, validator=_optional(int))
+    is_encoder_decoder: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    returns_start_token: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+
+
+@attrs.frozen(kw_only=True)
+class ComponentRoles(_FieldsJson):
+    """Which component does what in ``generate``.
+
+    ``feature_encoders`` maps an encoder component to the modality it encodes
+    (``{"image_encoder": "image"}``); ``projectors`` maps a modality to the
+    component that projects its features; ``cache_input`` names the cache
+    argument of the decode graph (``past_key_values``; ``cache_params`` for
+    Mamba); ``placeholder_tokens`` maps a modality to the token id its features
+    replace in the prompt.
+    """
+
+    feature_encoders: Mapping[str, str] = _mapping(str)
+    projectors: Mapping[str, str] = _mapping(str)
+    cache_input: str | None = attrs.field(default=None, validator=_optional(str))
+    placeholder_tokens: Mapping[str, int] = _mapping(int)
+
+
+@attrs.frozen(kw_only=True)
+class ModelSpec(_FieldsJson):
+    """The model's class name and config: enough to build a weightless copy of it.
+
+    ``generate`` computes a prompt's M-RoPE position ids (Qwen2-VL) with the
+    model's own ``get_rope_index``, on a copy built on the ``meta`` device.
+    """
+
+    class_name: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    config: Mapping[str, Any] = _mapping(object, _json_ready)
+
+
+@attrs.frozen(kw_only=True)
+class EncoderInputs(_FieldsJson):
+    """How ``generate`` builds the inputs of a packed-image encoder (a Qwen2-VL-style tower).
+
+    ``names`` maps an input of the encoder graph to the ``generate`` input it
+    takes (``{"hidden_states": "pixel_values", "grid_thw": "image_grid_thw"}``);
+    ``computed`` maps each ``transformers.vision_utils`` getter the tower ran to
+    its options, with which ``generate`` computes that getter's inputs for new images.
+    """
+
+    names: Mapping[str, str] = _mapping(str)
+    computed: Mapping[str, Mapping[str, Any]] = _mapping(Mapping, _json_ready, converter=_nested_or_value)
+
+
+@attrs.frozen(kw_only=True)
+class GenerationMeta(_FieldsJson):
+    """What the components of one model share and ``generate`` needs besides the graphs; saved in the manifest.
+
+    ``decompose`` fills it; a ``Components`` made another way (one program)
+    holds the defaults: no generation config, no roles.
+
+    Attributes:
+        generation: the generation config, the decoder start token, whether the
+            model is an encoder-decoder and whether its ``generate()`` returns the start token.
+        roles: which component encodes which modality, the projectors, the cache
+            input and the placeholder tokens.
+        model: the model's class and config (M-RoPE prompt positions are computed on a weightless copy).
+        encoder_inputs: per packed-image encoder component, how its inputs are built.
+        quantization: what a ``hfx.quantize`` stage did
+            (``{"stage": "quantize_onnx", "mode": "static", "calibrated": True}``); empty when none ran.
+        extra: the JSON facts given to ``save(meta=...)`` (a model id ...).
+
+    Example:
+        >>> meta = GenerationMeta(generation=GenerationSettings(is_encoder_decoder=True, decoder_start_token_id=0))
+        >>> GenerationMeta.from_json(meta.to_json()) == meta
+        True
+        >>> old = GenerationMeta.from_json({"cache_input": "cache_params", "model_id": "x"})  # a schema 1 manifest's
+        >>> old.roles.cache_input, dict(old.extra)
+        ('cache_params', {'model_id': 'x'})
+    """
+
+    generation: GenerationSettings = attrs.field(
+        factory=GenerationSettings, validator=attrs.validators.instance_of(GenerationSettings)
+    )
+    roles: ComponentRoles = attrs.field(factory=ComponentRoles, validator=attrs.validators.instance_of(ComponentRoles))
+    model: ModelSpec = attrs.field(factory=ModelSpec, validator=attrs.validators.instance_of(ModelSpec))
+    encoder_inputs: Mapping[str, EncoderInputs] = _mapping(EncoderInputs)
+    quantization: Mapping[str, Any] = _mapping(object, _json_ready)
+    extra: Mapping[str, Any] = _mapping(object, _json_ready)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GenerationMeta:
+        """The inverse of ``to_json``; also reads the flat dict of schema 1 manifests (hfx before this record).
+
+        Raises:
+            ValueError: ``data`` does not describe a ``GenerationMeta`` (the message names the field).
+        """
+        if not isinstance(data, Mapping):
+            msg = f"GenerationMeta.from_json takes a dict, got {type(data).__name__}"
+            raise ValueError(msg)
+        try:
+            if set(data) != {field.name for field in attrs.fields(cls)}:
+                return _flat_meta(data)
+            return cls(
+                generation=GenerationSettings.from_json(data["generation"]),
+                roles=ComponentRoles.from_json(data["roles"]),
+                model=ModelSpec.from_json(data["model"]),
+                encoder_inputs={name: EncoderInputs.from_json(how) for name, how in data["encoder_inputs"].items()},
+                quantization=data["quantization"],
+                extra=data["extra"],
+            )
+        except KeyError as exc:
+            msg = f"GenerationMeta.from_json: no {exc} in {dict(data)!r:.200}"
+            raise ValueError(msg) from exc
+        except (TypeError, ValueError, AttributeError) as exc:
+            msg = f"GenerationMeta.from_json: {exc.args[0] if exc.args else exc}"  # attrs' validators add the field to args
+            raise ValueError(msg) from exc
+
+
+def _flat_meta(data: Mapping[str, Any]) -> GenerationMeta:
+    """A ``GenerationMeta`` from the flat dict of schema 1 manifests; a key it does not know was a ``save(meta=...)`` fact."""
+    flat = dict(data)
+    take = flat.pop
+    generation = GenerationSettings(
+        config=take("generation_config", {}),
+        decoder_start_token_id=take("decoder_start_token_id", None),
+        is_encoder_decoder=take("is_encoder_decoder", False),
+        returns_start_token=take("returns_start_token", True),
+    )
+    roles = ComponentRoles(
+        feature_encoders=take("feature_encoders", {}),
+        projectors=take("projectors", {}),
+        cache_input=take("cache_input", None),
+        placeholder_tokens=take("placeholder_tokens", {}),
+    )
+    encoder_inputs = {
+        name: EncoderInputs(names=how["names"], computed={getter: entry["options"] for getter, entry in how["computed"].items()})
+        for name, how in take("encoder_inputs", {}).items()
+    }
+    model = ModelSpec(class_name=take("model_class", ""), config=take("config", {}))
+    return GenerationMeta(generation=generation, roles=roles, model=model, encoder_inputs=encoder_inputs,
+                          quantization=take("quantization", {}), extra=flat)
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class Components(Mapping[str, Any]):
     """An ordered, read-only mapping of component name to record (``Capture``, ``Exported``, a program).
 
-    ``meta`` carries what the components share and ``generate`` needs (the
-    generation config, the decoder start token, whether the model is an
-    encoder-decoder); it is JSON-ready and saved in the manifest.
-    ``processor`` is an optional tokenizer or processor saved alongside.
+    ``meta`` is what the components share and ``generate`` needs (a
+    ``GenerationMeta``: the generation config, the component roles ...); it is
+    saved in the manifest. ``processor`` is an optional tokenizer or processor
+    saved alongside.
     """
 
     items_: Mapping[str, Any] = attrs.field(converter=readonly, alias="items")
-    meta: Mapping[str, Any] = attrs.field(factory=dict, converter=readonly)
+    meta: GenerationMeta = attrs.field(factory=GenerationMeta, validator=attrs.validators.instance_of(GenerationMeta))
     processor: Any = None
 
     def __getitem__(self, key: str) -> Any:

@@ -14,9 +14,9 @@ from typing import Any
 
 import attrs
 
-from hfx._records import Components, IoSpec
+from hfx._records import Components, GenerationMeta, IoSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: ``meta`` is a ``GenerationMeta``'s JSON (1: a flat dict, still read)
 MANIFEST = "hfx.json"
 PROCESSOR = "processor"
 
@@ -53,7 +53,8 @@ def save(
     and per component: runtime, files and calling contract) plus each runtime's
     own files (``.pt2``, ``.onnx`` + ``.onnx.data``, ``.pte``, ``.xml``/``.bin``).
     For ``Components`` it also keeps what ``generate`` needs (the generation
-    config, in ``meta``) and a tokenizer or processor in ``processor/``.
+    config and the component roles, in ``meta``) and a tokenizer or processor
+    in ``processor/``.
     Files are written to a temporary directory next to the target and moved in
     at the end, so a failed save leaves nothing behind.
 
@@ -63,8 +64,8 @@ def save(
         overwrite: replace an existing directory.
         processor: a tokenizer or processor (``save_pretrained``) to keep with the
             programs; defaults to ``program.processor`` for ``Components``.
-        meta: JSON facts to keep with the programs (a quantization scheme, a
-            model id), merged over the ``Components``' own ``meta``.
+        meta: JSON facts to keep with the programs (a model id, a license),
+            merged over the ``Components``' own ``meta.extra``.
 
     Returns:
         The directory's path.
@@ -85,7 +86,7 @@ def save(
         raise FileExistsError(msg)
     components = program if isinstance(program, Components) else Components(items={program.name: program})
     if meta:
-        components = attrs.evolve(components, meta={**components.meta, **meta})
+        components = attrs.evolve(components, meta=attrs.evolve(components.meta, extra={**components.meta.extra, **meta}))
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -117,7 +118,7 @@ def _write_components(components: Components, staging: Path, *, single: bool) ->
         "hfx_version": __version__,
         "versions": versions("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "openvino"),
         "single": single,
-        "meta": dict(components.meta),
+        "meta": components.meta.to_json(),
         "components": entries,
     }
 
@@ -156,7 +157,7 @@ def load(directory: str | os.PathLike[str], /) -> Any:
     if manifest.get("single") and len(programs) == 1:
         return next(iter(programs.values()))
     processor = load_processor(path / manifest["processor"]) if manifest.get("processor") else None
-    return Components(items=programs, meta=manifest.get("meta", {}), processor=processor)
+    return Components(items=programs, meta=GenerationMeta.from_json(manifest.get("meta", {})), processor=processor)
 
 
 def load_processor(path: Path) -> Any:

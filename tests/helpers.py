@@ -66,3 +66,25 @@ class DataDependent(torch.nn.Module):
         count = input.sum().to(torch.int64).item()
         torch._check(count >= 0)
         return input * 2, torch.zeros(count)
+
+
+def schema_1_meta(meta: dict) -> dict:
+    """A ``GenerationMeta.to_json()`` as manifests of schema 1 held it: one flat dict, ``save(meta=...)``'s facts on top."""
+    generation, roles, model = meta["generation"], meta["roles"], meta["model"]
+    flat = {
+        "generation_config": generation["config"],
+        "is_encoder_decoder": generation["is_encoder_decoder"],
+        "decoder_start_token_id": generation["decoder_start_token_id"],
+        "model_class": model["class_name"],
+        "config": model["config"],
+        "cache_input": roles["cache_input"],
+        "returns_start_token": generation["returns_start_token"],
+        "feature_encoders": roles["feature_encoders"],
+        "projectors": roles["projectors"],
+        "encoder_inputs": {
+            name: {"names": how["names"], "computed": {getter: {"options": options} for getter, options in how["computed"].items()}}
+            for name, how in meta["encoder_inputs"].items()
+        },
+        "placeholder_tokens": roles["placeholder_tokens"],
+    }
+    return {**flat, **({"quantization": meta["quantization"]} if meta["quantization"] else {}), **meta["extra"]}

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import torch
 
 import hfx
 from hfx._save import MANIFEST, SCHEMA_VERSION
-from tests.helpers import new_inputs
+from tests.helpers import new_inputs, schema_1_meta
 
 
 def test_round_trip_of_an_exported_program(exported, tmp_path):
@@ -76,7 +77,7 @@ def test_generation_components_keep_meta_and_tokenizer(generative, tmp_path):
     path = hfx.save(parts, tmp_path / "gen", processor=tokenizer)
     loaded = hfx.load(path)
     assert list(loaded) == ["prefill", "decode"]
-    assert loaded.meta == parts.meta and loaded.meta["generation_config"]["eos_token_id"] == 2
+    assert loaded.meta == parts.meta and loaded.meta.generation.config["eos_token_id"] == 2
     assert loaded.processor("w1 w2 w3")["input_ids"] == tokenizer("w1 w2 w3")["input_ids"]
     inputs = hfx.zoo.inputs("llama", batch=2, sequence=6)
     assert torch.equal(hfx.generate(loaded, **inputs, max_new_tokens=8), hfx.generate(parts, **inputs, max_new_tokens=8))
@@ -91,8 +92,28 @@ def test_multimodal_parts_reload_and_generate_the_same_tokens(generative, tmp_pa
 
 
 def test_meta_given_to_save_is_kept_with_a_single_program(exported, tmp_path):
-    import json
-
-    path = hfx.save(exported("bert"), tmp_path / "bert", meta={"quantization": {"stage": "none"}})
-    assert json.loads((path / "hfx.json").read_text())["meta"] == {"quantization": {"stage": "none"}}
+    path = hfx.save(exported("bert"), tmp_path / "bert", meta={"model_id": "tiny-bert"})
+    written = json.loads((path / MANIFEST).read_text())["meta"]
+    assert written == hfx.GenerationMeta(extra={"model_id": "tiny-bert"}).to_json()
     assert isinstance(hfx.load(path), hfx.Exported)
+
+
+def test_meta_given_to_save_joins_the_components_extra_facts(generative, tmp_path):
+    _, parts = generative("llama")
+    parts = attrs.evolve(parts, meta=attrs.evolve(parts.meta, extra={"model_id": "tiny", "license": "mit"}))
+    loaded = hfx.load(hfx.save(parts, tmp_path / "facts", meta={"license": "apache-2.0"}))
+    assert dict(loaded.meta.extra) == {"model_id": "tiny", "license": "apache-2.0"}
+    assert loaded.meta.generation == parts.meta.generation and dict(parts.meta.extra)["license"] == "mit"
+
+
+def test_an_export_saved_with_the_flat_meta_of_schema_1_still_loads_and_generates(generative, tmp_path):
+    _, parts = generative("llava")
+    path = hfx.save(parts, tmp_path / "old")
+    manifest = json.loads((path / MANIFEST).read_text())
+    old = {**manifest, "schema_version": 1, "meta": schema_1_meta(manifest["meta"])}
+    assert "generation_config" in old["meta"] and "roles" not in old["meta"]
+    (path / MANIFEST).write_text(json.dumps(old))
+    loaded = hfx.load(path)
+    assert loaded.meta == parts.meta
+    inputs = hfx.zoo.inputs("llava", batch=2, sequence=4)
+    assert torch.equal(hfx.generate(loaded, **inputs, max_new_tokens=6), hfx.generate(parts, **inputs, max_new_tokens=6))

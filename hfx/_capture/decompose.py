@@ -7,6 +7,7 @@ models, called outside ``forward``), the prefill and a decode step.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ from hfx._capture.multimodal import FeatureEncoder, feature_methods, placeholder
 from hfx._capture.recording import recorded_generate, with_padding_mask
 from hfx._errors import CaptureError, describe
 from hfx._pytree import is_cache, owned_tensors
-from hfx._records import Capture, Components, DynamicShapes
+from hfx._records import Capture, ComponentRoles, Components, DynamicShapes, GenerationMeta, GenerationSettings, ModelSpec
 
 _MIN_PAST = 2  # a decode captured with a past of 0 or 1 would specialise that axis
 
@@ -202,7 +203,7 @@ def decompose(
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
         raise CaptureError(describe("decompose", model, "decode", what, "Pass a prompt of at least 2 tokens."))
     parts = {
-        name: encoder_capture(name, module, kwargs, packed=bool(recorded.encoder_inputs.get(name, {}).get("computed")))
+        name: encoder_capture(name, module, kwargs, packed=bool(name in recorded.encoder_inputs and recorded.encoder_inputs[name].computed))
         for name, (module, kwargs) in recorded.encoders.items()
     }
     parts.update({name: part_capture(name, module, kwargs) for name, (module, kwargs) in recorded.parts.items()})
@@ -210,32 +211,32 @@ def decompose(
         parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
     decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
     parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=multi_token_decode))
-    meta = generation_meta(model, generation_config)
-    meta["cache_input"] = next((k for k, v in decode.items() if is_cache(v)), None)
-    # Some generate()s (Whisper's) return the decoder ids without the start token.
-    meta["returns_start_token"] = recorded.length == steps + 1 if meta["is_encoder_decoder"] else True
-    meta["feature_encoders"] = {f"{m}_encoder": m for m in feature_methods(model) if f"{m}_encoder" in parts}
-    meta["projectors"] = recorded.projectors
-    meta["encoder_inputs"] = recorded.encoder_inputs
-    meta["placeholder_tokens"] = placeholder_tokens(model, tuple(meta["feature_encoders"].values()))
+    settings = _generation_settings(model, generation_config)
+    if settings.is_encoder_decoder:  # some generate()s (Whisper's) return the decoder ids without the start token
+        settings = attrs.evolve(settings, returns_start_token=recorded.length == steps + 1)
+    encoders = {f"{m}_encoder": m for m in feature_methods(model) if f"{m}_encoder" in parts}
+    roles = ComponentRoles(
+        feature_encoders=encoders,
+        projectors=recorded.projectors,
+        cache_input=next((k for k, v in decode.items() if is_cache(v)), None),
+        placeholder_tokens=placeholder_tokens(model, tuple(encoders.values())),
+    )
+    spec = ModelSpec(class_name=type(model).__name__, config=json.loads(model.config.to_json_string(use_diff=False)))
+    meta = GenerationMeta(generation=settings, roles=roles, model=spec, encoder_inputs=recorded.encoder_inputs)
     return Components(items=parts, meta=meta)
 
 
-def generation_meta(model: torch.nn.Module, generation_config: Any = None) -> dict[str, Any]:
-    """What ``generate`` needs besides the graphs: the generation config and the decoder start token."""
-    import json
-
+def _generation_settings(model: torch.nn.Module, generation_config: Any = None) -> GenerationSettings:
+    """The generation config ``decompose`` runs with, as JSON, the decoder start token and whether the model is an encoder-decoder."""
     config = generation_config if generation_config is not None else model.generation_config
     settings = json.loads(config.to_json_string(use_diff=False))
     start = settings.get("decoder_start_token_id")
     start = start if start is not None else getattr(model.config, "decoder_start_token_id", None)
-    return {
-        "generation_config": settings,
-        "is_encoder_decoder": bool(getattr(model.config, "is_encoder_decoder", False)),
-        "decoder_start_token_id": start,
-        "model_class": type(model).__name__,
-        "config": json.loads(model.config.to_json_string(use_diff=False)),
-    }
+    return GenerationSettings(
+        config=settings,
+        decoder_start_token_id=start,
+        is_encoder_decoder=bool(getattr(model.config, "is_encoder_decoder", False)),
+    )
 
 
 def _steps(model: torch.nn.Module, inputs: Mapping[str, Any], multi_token: bool) -> int:

@@ -13,9 +13,12 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from hfx._records import ModelSpec
 
 
 def text_positions(mask: torch.Tensor) -> torch.Tensor:
@@ -35,14 +38,15 @@ def _weightless(class_name: str, config_json: str) -> torch.nn.Module:
         return cls(config)
 
 
-def prompt_positions(meta: Mapping[str, Any], sections: int, inputs: Mapping[str, Any], mask: torch.Tensor) -> torch.Tensor:
+def prompt_positions(model: ModelSpec, sections: int, inputs: Mapping[str, Any], mask: torch.Tensor) -> torch.Tensor:
     """The prompt's M-RoPE position ids, ``[sections, batch, sequence]`` (text row first when ``sections`` is 4).
 
-    Without image or video grids every section holds the text positions, as in transformers.
+    ``model``: the class and config ``decompose`` saved. Without image or video
+    grids every section holds the text positions, as in transformers.
     """
     text = text_positions(mask)
     if has_media_grids(inputs):
-        rope = multimodal_positions(_weightless(meta["model_class"], json.dumps(meta["config"], sort_keys=True)),
+        rope = multimodal_positions(_weightless(model.class_name, json.dumps(dict(model.config), sort_keys=True)),
                                     {**inputs, "attention_mask": mask})
     else:
         rope = text[None].expand(3, -1, -1)

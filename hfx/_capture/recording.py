@@ -19,7 +19,7 @@ import torch
 
 from hfx._capture.multimodal import FeatureEncoder, feature_methods, features_only, modality_tower, projectors
 from hfx._capture.vision_inputs import recording_vision_inputs
-from hfx._records import Capture
+from hfx._records import Capture, EncoderInputs
 from hfx.patches import patch_sliding_window_cache, preserve_module_state, swap_attr
 
 
@@ -87,7 +87,7 @@ class Recorded:
     encoders: dict[str, tuple[torch.nn.Module, dict[str, Any]]]
     parts: dict[str, tuple[torch.nn.Module, dict[str, Any]]]
     projectors: dict[str, str]
-    encoder_inputs: dict[str, dict[str, Any]]
+    encoder_inputs: dict[str, EncoderInputs]
     calls: list[dict[str, Any]]
     length: int
 
@@ -146,7 +146,7 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
     ran = {label: name for name in projector_modules for label, _ in part_calls[name][:1] if label}
     used = ran if split else {}
     encoders = {"encoder": (encoder, encoder_calls["encoder"][0])} if encoder_calls.get("encoder") else {}
-    encoder_inputs: dict[str, dict[str, Any]] = {}
+    encoder_inputs: dict[str, EncoderInputs] = {}
     for modality, method in methods.items():
         found = encoder_calls[f"{modality}_encoder"]
         own = [kwargs for label, kwargs in tower_calls.get(modality, []) if label == modality]
@@ -155,10 +155,10 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
         if modality not in ran and own:  # no projector: the tower's output is the features (Qwen2-VL's merger)
             values = {k: v for entry in vision_inputs[modality].values() for k, v in entry["values"].items()}
             encoders[f"{modality}_encoder"] = (towers[modality], {**own[0], **values})
-            encoder_inputs[f"{modality}_encoder"] = {
-                "names": _renamed(own[0], found[0]),
-                "computed": {name: {"options": entry["options"]} for name, entry in vision_inputs[modality].items()},
-            }
+            encoder_inputs[f"{modality}_encoder"] = EncoderInputs(
+                names=_renamed(own[0], found[0]),
+                computed={name: entry["options"] for name, entry in vision_inputs[modality].items()},
+            )
         else:
             encoders[f"{modality}_encoder"] = (FeatureEncoder(base, method, used.get(modality)), found[0])
     recorded_parts = {

@@ -76,18 +76,18 @@ def _options(name: str, args: tuple[Any, ...], options: Mapping[str, Any]) -> di
 
 
 def computed_vision_inputs(recorded: Mapping[str, Mapping[str, Any]], grid_thw: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The inputs ``recorded`` names, computed for new images from their ``grid_thw``.
+    """The inputs of the getters ``recorded`` names (``{getter: its options}``), computed for new images from their ``grid_thw``.
 
     Example:
-        >>> recorded = {"get_vision_attention_seqlens": {"options": {"merge_temporal": False}}}
+        >>> recorded = {"get_vision_attention_seqlens": {"merge_temporal": False}}
         >>> computed_vision_inputs(recorded, torch.tensor([[1, 4, 4], [1, 2, 2]]))["cu_seqlens"].tolist()
         [0, 16, 20]
     """
     from transformers import vision_utils
 
     computed: dict[str, torch.Tensor] = {}
-    for name, entry in recorded.items():
-        options = dict(entry["options"])
+    for name, recorded_options in recorded.items():
+        options = dict(recorded_options)
         if name == "get_vision_position_ids":
             merge = options.pop("spatial_merge_size")
             merge = torch.tensor(merge) if isinstance(merge, list) else merge

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hfx._cli.common import EXIT_OK, megabytes, read_manifest, saved_exports, table
+from hfx._records import GenerationMeta
 
 # Manifest keys of a component entry that describe how it runs rather than what it is.
 _RUNTIME_DETAILS = ("opset", "device", "source_class")
@@ -41,7 +42,7 @@ def describe(directory: Path) -> dict[str, Any]:
         "path": str(directory),
         "hfx_version": manifest.get("hfx_version"),
         "versions": manifest.get("versions", {}),
-        "generation": _generation(manifest.get("meta", {})),
+        "generation": _generation(GenerationMeta.from_json(manifest.get("meta", {}))),
         "processor": manifest.get("processor"),
         "components": {name: _component(directory, entry) for name, entry in manifest["components"].items()},
     }
@@ -64,14 +65,14 @@ def _component(directory: Path, entry: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _generation(meta: Mapping[str, Any]) -> dict[str, Any]:
-    if "generation_config" not in meta:
+def _generation(meta: GenerationMeta) -> dict[str, Any]:
+    settings = meta.generation.config
+    if not settings:
         return {}
-    settings = meta["generation_config"]
     return {
-        "model_class": meta.get("model_class"),
-        "is_encoder_decoder": meta.get("is_encoder_decoder", False),
-        "cache_input": meta.get("cache_input"),
+        "model_class": meta.model.class_name,
+        "is_encoder_decoder": meta.generation.is_encoder_decoder,
+        "cache_input": meta.roles.cache_input,
         **{key: settings[key] for key in _GENERATION_KEYS if settings.get(key) is not None},
     }
 

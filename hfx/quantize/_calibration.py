@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hfx._errors import InputError
-from hfx._records import Capture, Components, IoSpec
+from hfx._records import Capture, Components, GenerationSettings, IoSpec
 
 Calibration = Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]]
 
@@ -59,7 +59,7 @@ def calibration_inputs(
         return {"model": [dict(sample) for sample in samples]}
     found: dict[str, list[dict[str, Any]]] = {name: [] for name in components}
     for sample in samples:
-        for name, calls in _recorded_calls(model, sample, max_new_tokens, components.meta).items():
+        for name, calls in _recorded_calls(model, sample, max_new_tokens, components.meta.generation).items():
             if name in found:
                 found[name].extend(calls)
     missing = [name for name, calls in found.items() if not calls]
@@ -73,14 +73,14 @@ def calibration_inputs(
 
 
 def _recorded_calls(
-    model: torch.nn.Module, sample: Mapping[str, Any], steps: int, meta: Mapping[str, Any]
+    model: torch.nn.Module, sample: Mapping[str, Any], steps: int, generation: GenerationSettings
 ) -> dict[str, list[dict[str, Any]]]:
     """The inputs each component got while ``generate`` ran on ``sample`` (``decompose``'s recording)."""
     from hfx._capture.decompose import encoder_capture, part_capture
     from hfx._capture.recording import recorded_generate, with_padding_mask
 
     inputs = with_padding_mask(Capture(module=model, source=model, kwargs=sample))  # graphs were traced with a mask input
-    recorded = recorded_generate(model, inputs, steps, _generation_config(model, meta))
+    recorded = recorded_generate(model, inputs, steps, _generation_config(model, generation))
     calls = recorded.calls
     per_component = {"prefill": calls[:1], "decode": calls[1:]}
     per_component.update({name: [encoder_capture(name, m, kw, packed=False).kwargs] for name, (m, kw) in recorded.encoders.items()})
@@ -88,16 +88,16 @@ def _recorded_calls(
     return {name: [dict(call) for call in found] for name, found in per_component.items()}
 
 
-def _generation_config(model: torch.nn.Module, meta: Mapping[str, Any]) -> Any:
+def _generation_config(model: torch.nn.Module, generation: GenerationSettings) -> Any:
     """The generation config ``decompose`` ran with (a static cache changes the decode graph's inputs); ``None`` for the model's own."""
     import json
 
-    settings = meta.get("generation_config")
-    if not settings or dict(settings) == json.loads(model.generation_config.to_json_string(use_diff=False)):
+    settings = dict(generation.config)
+    if not settings or settings == json.loads(model.generation_config.to_json_string(use_diff=False)):
         return None
     from transformers import GenerationConfig
 
-    return GenerationConfig.from_dict(dict(settings))
+    return GenerationConfig.from_dict(settings)
 
 
 def samples_for(calibration: Calibration | None, name: str, *, stage: str) -> list[Mapping[str, Any]] | None:

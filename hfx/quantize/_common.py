@@ -47,10 +47,10 @@ def quantization_error(stage: str, model: str, component: str, exc: BaseExceptio
 
 
 def with_quantization(result: Any, entry: Mapping[str, Any]) -> Any:
-    """``result`` with ``entry`` recorded under ``meta["quantization"]`` when it is ``Components`` (saved in the manifest)."""
+    """``result`` with ``entry`` recorded in ``meta.quantization`` when it is ``Components`` (saved in the manifest)."""
     if not isinstance(result, Components):
         return result
-    return attrs.evolve(result, meta={**result.meta, "quantization": dict(entry)})
+    return attrs.evolve(result, meta=attrs.evolve(result.meta, quantization=entry))
 
 
 def component_samples(

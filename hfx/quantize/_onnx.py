@@ -41,7 +41,7 @@ def quantize_onnx(program: Any, /, *, mode: str = "dynamic", calibration: Calibr
             (``hfx.calibration_inputs``); required for ``"static"``.
 
     Returns:
-        A new ``OnnxProgram`` with the same ``io`` (``Components`` of them, with ``meta["quantization"]``).
+        A new ``OnnxProgram`` with the same ``io`` (``Components`` of them, with ``meta.quantization``).
 
     Raises:
         ValueError: an unknown ``mode``, or ``"static"`` without calibration.

@@ -46,7 +46,7 @@ def quantize_ov(
         ratio: the share of layers in int4 (``"int4"``), in (0, 1]; the rest stay int8.
 
     Returns:
-        A new ``OvProgram`` with the same ``io`` (``Components`` of them, with ``meta["quantization"]``).
+        A new ``OvProgram`` with the same ``io`` (``Components`` of them, with ``meta.quantization``).
 
     Raises:
         ValueError: an unknown ``mode``, a bad ``group_size`` or ``ratio``, or ``"int8-static"`` without calibration.

@@ -54,7 +54,7 @@ def quantize_pt2e(
         group_size: inputs per int4 weight scale for ``"8da4w"``; must divide every linear's input size.
 
     Returns:
-        A new ``Exported`` (``Components`` of them, with ``meta["quantization"]``).
+        A new ``Exported`` (``Components`` of them, with ``meta.quantization``).
 
     Raises:
         ValueError: an unknown ``scheme``, a bad ``group_size``, or ``"int8"`` without calibration.

@@ -23,8 +23,8 @@ def test_decoder_only_gives_prefill_and_decode(llama_parts):
     assert decode.kwargs["attention_mask"].shape == (2, 6)
     assert decode.kwargs["past_key_values"].layers[0].keys.shape[2] == 5
     assert prefill.kwargs["use_cache"] is True and prefill.kwargs["logits_to_keep"] == 1
-    assert llama_parts.meta["cache_input"] == "past_key_values"
-    assert llama_parts.meta["generation_config"]["eos_token_id"] == 2
+    assert llama_parts.meta.roles.cache_input == "past_key_values"
+    assert llama_parts.meta.generation.config["eos_token_id"] == 2
 
 
 def test_prefill_keeps_the_callers_padded_mask(llama_parts):
@@ -56,7 +56,7 @@ def test_encoder_decoder_gives_encoder_prefill_decode(models):
     assert type(parts["encoder"].module).__name__ == "T5Stack"
     cache = parts["decode"].kwargs["past_key_values"]
     assert cache.self_attention_cache.layers[0].keys.shape[2] >= 2  # past >= 2: no 0/1 specialisation
-    assert parts.meta["is_encoder_decoder"] and parts.meta["decoder_start_token_id"] == 0
+    assert parts.meta.generation.is_encoder_decoder and parts.meta.generation.decoder_start_token_id == 0
 
 
 def test_multi_token_decode_merges_two_steps(models):
@@ -111,8 +111,8 @@ def test_multimodal_splits_into_encoder_projector_language_model_head_decode(lla
     assert llava_parts["language_model"].module is model.get_decoder()
     assert llava_parts["lm_head"].module is model.get_output_embeddings()
     assert llava_parts["projector"].module is model.model.multi_modal_projector
-    assert llava_parts.meta["projectors"] == {"image": "projector"}
-    assert llava_parts.meta["placeholder_tokens"] == {"image": model.config.image_token_id}
+    assert llava_parts.meta.roles.projectors == {"image": "projector"}
+    assert llava_parts.meta.roles.placeholder_tokens == {"image": model.config.image_token_id}
 
 
 def test_multimodal_parts_take_what_generate_passed_them(llava_parts):
@@ -144,9 +144,9 @@ def test_packed_image_tower_takes_positions_and_boundaries_computed_outside_the_
     encoder = parts["image_encoder"]
     assert encoder.module is models("qwen2_vl").model.visual  # no projector child: the tower's merger projects
     assert {"hidden_states", "grid_thw", "position_ids", "cu_seqlens"} <= set(encoder.kwargs)
-    how = parts.meta["encoder_inputs"]["image_encoder"]
-    assert how["names"] == {"hidden_states": "pixel_values", "grid_thw": "image_grid_thw"}
-    assert set(how["computed"]) == {"get_vision_position_ids", "get_vision_attention_seqlens"}
+    how = parts.meta.encoder_inputs["image_encoder"]
+    assert how.names == {"hidden_states": "pixel_values", "grid_thw": "image_grid_thw"}
+    assert set(how.computed) == {"get_vision_position_ids", "get_vision_attention_seqlens"}
     axes = encoder.dynamic_shapes.axes
     assert axes["hidden_states"] == {0: "image_patches"} and axes["cu_seqlens"] == {0: "image_boundaries"}
     assert parts["language_model"].kwargs["position_ids"].shape[0] == 4  # M-RoPE: text row + (t, h, w)
@@ -156,7 +156,7 @@ def test_a_language_model_given_a_mask_built_by_forward_keeps_the_prefill_whole(
     # PaliGemma builds a 4D mask (bidirectional over the image prefix) before calling its language model.
     parts = hfx.decompose(hfx.capture(zoo.inputs("paligemma", batch=2, sequence=5), models("paligemma")))
     assert list(parts) == ["image_encoder", "prefill", "decode"]
-    assert parts.meta["projectors"] == {}  # the encoder returns what the prefill reads: the projected features
+    assert parts.meta.roles.projectors == {}  # the encoder returns what the prefill reads: the projected features
     encoded = parts["prefill"].kwargs["mm_encoder_outputs"]["image"]
     assert encoded.pooler_output.shape[-1] == models("paligemma").config.text_config.hidden_size
     assert parts["prefill"].kwargs["attention_mask"].ndim == 2

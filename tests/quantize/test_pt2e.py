@@ -72,8 +72,8 @@ def test_components_take_per_component_calibration(generative, samples):
     calibration = hfx.calibration_inputs(parts, model, samples[:1], max_new_tokens=3)
     quantized = hfx.quantize_pt2e(parts, scheme="8da8w", calibration=calibration)
     assert list(quantized) == list(parts)
-    assert dict(quantized.meta["quantization"]) == {"stage": "quantize_pt2e", "scheme": "8da8w", "calibrated": True}
-    assert "quantization" not in parts.meta
+    assert dict(quantized.meta.quantization) == {"stage": "quantize_pt2e", "scheme": "8da8w", "calibrated": True}
+    assert not parts.meta.quantization
     prompt = samples[2]
     with torch.no_grad():
         eager = model.generate(**prompt, max_new_tokens=4, do_sample=False)
