@@ -24,6 +24,7 @@ from hfx._export.signature import flatten_signature as flatten_signature
 from hfx._generate import generate as generate
 from hfx._lift import by_component as by_component
 from hfx._lift import per_component as per_component
+from hfx._package.package import package as package
 from hfx._records import Capture as Capture
 from hfx._records import ComponentRoles as ComponentRoles
 from hfx._records import Components as Components
@@ -87,6 +88,7 @@ __all__ = [
     "lower_to_onnx",
     "lower_to_ov",
     "lower_to_pte",
+    "package",
     "per_component",
     "quantize_onnx",
     "quantize_ov",

@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -14,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from hfx._atomic import staged_directory
 from hfx._records import Components, GenerationMeta, IoSpec
 
 SCHEMA_VERSION = 2  # 2: ``meta`` is a ``GenerationMeta``'s JSON (1: a flat dict, still read)
@@ -81,25 +80,16 @@ def save(
         torch.Size([4, 1])
     """
     target = Path(directory)
-    if target.exists() and not overwrite:
-        msg = f"save: {target} already exists; choose another directory or pass overwrite=True"
-        raise FileExistsError(msg)
     components = program if isinstance(program, Components) else Components(items={program.name: program})
     if meta:
         components = attrs.evolve(components, meta=attrs.evolve(components.meta, extra={**components.meta.extra, **meta}))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with staged_directory(target, overwrite=overwrite, stage="save") as staging:
         manifest = _write_components(components, staging, single=not isinstance(program, Components))
         processor = processor if processor is not None else components.processor
         if processor is not None:
             processor.save_pretrained(staging / PROCESSOR)
             manifest["processor"] = PROCESSOR
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        _move_into_place(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return target
 
 
@@ -121,17 +111,6 @@ def _write_components(components: Components, staging: Path, *, single: bool) ->
         "meta": components.meta.to_json(),
         "components": entries,
     }
-
-
-def _move_into_place(staging: Path, target: Path) -> None:
-    """Replace ``target`` with ``staging`` so that ``target`` is either old or complete."""
-    if not target.exists():
-        os.replace(staging, target)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-    os.replace(target, old / "x")
-    os.replace(staging, target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def load(directory: str | os.PathLike[str], /) -> Any:

@@ -539,3 +539,49 @@ def forward_inputs(name: str = DEFAULT, *, batch: int = 2, sequence: int = 7) ->
         decoder[:, 0] = config.decoder_start_token_id
         values["decoder_input_ids"] = decoder
     return values
+
+
+# Text the tokenizer is trained on: a fixed corpus, so its vocabulary is the same on every machine.
+_TOKENIZER_CORPUS = (
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, export once and run everywhere",
+    "a tiny tokenizer for tests, examples and the command line",
+    "models speak in tokens: numbers, words and punctuation!",
+)
+
+
+@functools.cache
+def _tokenizer_json() -> str:
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    # Llama's own layout: "▁" marks a space, BPE over the whole text, <unk> <s> </s> first (ids 0, 1, 2,
+    # the special tokens of every zoo LlamaConfig).
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    tokenizer.train_from_iterator(_TOKENIZER_CORPUS * 8, trainer)
+    return tokenizer.to_str()
+
+
+def tokenizer() -> Any:
+    """A tiny Llama-style BPE tokenizer, trained in-process on a fixed corpus (no download).
+
+    Its vocabulary (under 200 ids) fits every zoo text model's 256-token embedding;
+    ``<unk>``, ``<s>`` and ``</s>`` are ids 0, 1 and 2, the special tokens of the zoo's
+    Llama. Use it where a consumer needs a real tokenizer next to a zoo model.
+
+    Example:
+        >>> ids = tokenizer()("hello world")["input_ids"]
+        >>> tokenizer().decode(ids)
+        'hello world'
+    """
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_tokenizer_json()),
+        unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>", padding_side="left",
+    )

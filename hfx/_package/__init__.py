@@ -1,0 +1,1 @@
+"""Packages for the pipelines people deploy with: a directory each consumer loads as it is."""

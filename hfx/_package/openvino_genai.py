@@ -1,0 +1,81 @@
+"""The package ``openvino_genai.LLMPipeline`` loads: one stateful model, OpenVINO tokenizer models and the configs.
+
+``LLMPipeline(directory, "CPU")`` reads ``openvino_model.xml`` (one graph for
+the prompt and every step, the KV cache kept as state, inputs ``input_ids``,
+``attention_mask``, ``position_ids``, ``beam_idx``), ``openvino_tokenizer.xml``
+and ``openvino_detokenizer.xml`` (made by ``openvino_tokenizers``), and
+``config.json`` / ``generation_config.json`` (EOS, BOS, pad and the defaults of
+its search).
+
+OpenVINO's CPU defaults are fast, not exact: bf16 arithmetic on a CPU that has it
+(AVX512_BF16, AMX) and a u8 KV cache for stateful models (measured on the zoo's Llama:
+1.5e-3 off in the first decode step's logits). ``EXACT_PROPERTIES`` give eager's
+numbers: ``LLMPipeline(directory, "CPU", **EXACT_PROPERTIES)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from hfx._records import Capture, Components, Exported
+
+CONSUMER = "openvino-genai"
+EXACT_PROPERTIES = MappingProxyType({"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"})
+# What LLMPipeline feeds a model, besides the cache it keeps as state (openvino.genai src/cpp/src/utils.cpp).
+_FED_INPUTS = frozenset({"input_ids", "attention_mask", "position_ids"})
+
+
+def _refuse(reason: str, todo: str) -> ValueError:
+    return ValueError(f"package for {CONSUMER}: {reason}. {todo}")
+
+
+def decode_program(programs: Components) -> Any:
+    """The one OpenVINO program that prefills and decodes (lowered here when given as a ``Capture`` or ``Exported``).
+
+    Raises:
+        ValueError: the model is not a text decoder, or its components are not one graph for prompt and steps.
+        TypeError: the decode component is a program of another runtime.
+    """
+    meta = programs.meta
+    if meta.generation.is_encoder_decoder or meta.roles.feature_encoders:
+        kind = "an encoder-decoder" if meta.generation.is_encoder_decoder else "a multimodal model"
+        raise _refuse(f"{meta.model.class_name or 'the model'} is {kind}; LLMPipeline runs text decoders only",
+                      "Package a decoder-only language model (Llama, Qwen, Mistral, Gemma, Phi-3 ...).")
+    if "decode" not in programs or "prefill" in programs:
+        raise _refuse(f"it needs one graph for the prompt and every step, got components {list(programs)}",
+                      "Decompose with hfx.decompose(multi_token_decode=True).")
+    decode = programs["decode"]
+    if isinstance(decode, Capture | Exported):
+        from hfx.backends._openvino import lower_to_ov
+
+        decode = lower_to_ov(decode)
+    if type(decode).__name__ != "OvProgram":
+        msg = (f"package for {CONSUMER}: the decode component is a {type(decode).__name__}; give Components of "
+               "Capture, Exported or OvProgram records")
+        raise TypeError(msg)
+    others = sorted({spec.name for spec in decode.io.inputs if not spec.name.startswith("past_key_values.")} - _FED_INPUTS)
+    if others:
+        raise _refuse(f"the decode graph takes {others}, which LLMPipeline does not feed (it feeds {sorted(_FED_INPUTS)})",
+                      "Capture the model with only input_ids and attention_mask.")
+    return decode
+
+
+def write_openvino_genai(programs: Components, staging: Path, *, tokenizer: Any) -> None:
+    """Write the OpenVINO GenAI files of ``programs`` (a decomposed text decoder) into ``staging``."""
+    import openvino as ov
+    import openvino_tokenizers
+
+    from hfx.backends._openvino_stateful import stateful_model
+
+    decode = decode_program(programs)
+    ov.save_model(stateful_model(decode.model), staging / "openvino_model.xml", compress_to_fp16=False)
+    encoder, decoder = openvino_tokenizers.convert_tokenizer(tokenizer, with_detokenizer=True)
+    ov.save_model(encoder, staging / "openvino_tokenizer.xml")
+    ov.save_model(decoder, staging / "openvino_detokenizer.xml")
+    tokenizer.save_pretrained(staging)
+    meta = programs.meta
+    (staging / "config.json").write_text(json.dumps(dict(meta.model.config), indent=2))
+    (staging / "generation_config.json").write_text(json.dumps(dict(meta.generation.config), indent=2))

@@ -1,0 +1,73 @@
+"""A stateful OpenVINO model: the KV cache lives in the model as state, and one graph serves the prompt and every step.
+
+This is the form OpenVINO's own LLM path runs (``openvino_genai.LLMPipeline``
+refuses a model whose cache is an input: "Model is supposed to be stateful"):
+each ``past_key_values.*`` input becomes a variable read at the start of a call
+and each matching ``present.*`` output the value written back, so the cache
+never leaves the runtime between steps. A ``beam_idx`` input reorders the cache
+rows before each step (beam search; ``arange(batch)`` keeps them). The state of
+a new request starts empty: ``batch`` rows (from ``input_ids``) and a past of 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CACHE_INPUT = "past_key_values"
+CACHE_OUTPUT = "present"
+BEAM_INPUT = "beam_idx"
+
+
+def cache_pairs(model: Any) -> list[tuple[Any, Any]]:
+    """``(Parameter, Result)`` of each cache input and the output that holds its next value, by name."""
+    results = {name: result for result in model.get_results() for name in result.output(0).get_names()}
+    pairs = []
+    for parameter in model.get_parameters():
+        name = parameter.output(0).get_any_name()
+        if name.startswith(f"{CACHE_INPUT}."):
+            present = CACHE_OUTPUT + name.removeprefix(CACHE_INPUT)
+            if present not in results:
+                msg = f"the cache input {name!r} has no output {present!r} that holds its next value"
+                raise ValueError(msg)
+            pairs.append((parameter, results[present]))
+    return pairs
+
+
+def stateful_model(model: Any, /) -> Any:
+    """A copy of ``model`` whose cache inputs and outputs are state, with a ``beam_idx`` input (see the module doc).
+
+    Raises:
+        ValueError: ``model`` has no cache input, no ``input_ids``, or a cache input without its output.
+    """
+    import openvino as ov
+    from openvino import opset13 as ops
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    model = model.clone()
+    pairs = cache_pairs(model)
+    if not pairs:
+        msg = f"the model has no {CACHE_INPUT}.* inputs: only a graph that takes and returns its cache can keep it as state"
+        raise ValueError(msg)
+    ids = next((p for p in model.get_parameters() if "input_ids" in p.output(0).get_names()), None)
+    if ids is None:
+        msg = "the model has no input_ids input: the state's batch size is read from it"
+        raise ValueError(msg)
+    beam = ops.parameter([-1], ov.Type.i32, name=BEAM_INPUT)
+    beam.output(0).set_names({BEAM_INPUT})
+    zero = ops.constant(0, ov.Type.i64)
+    for parameter, _ in pairs:
+        readers = list(parameter.output(0).get_target_inputs())
+        reordered = ops.gather(parameter, beam, zero)  # the cache's batch axis is 0
+        for reader in readers:
+            reader.replace_source_output(reordered.output(0))
+    model.add_parameters([beam])
+    apply_make_stateful_transformation(model, pairs)
+    batch = ops.gather(ops.shape_of(ids, output_type="i64"), ops.constant([0], ov.Type.i64), zero)
+    for op in model.get_ops():
+        if op.get_type_name() == "ReadValue":
+            shape = op.get_output_partial_shape(0)
+            # An empty cache: the request's batch, the static head and feature sizes, a past of its minimum (0).
+            sizes = [batch, *(ops.constant([shape[i].get_min_length()], ov.Type.i64) for i in range(1, shape.rank.get_length()))]
+            op.set_arguments([ops.broadcast(ops.constant(0.0, op.get_output_element_type(0)), ops.concat(sizes, 0))])
+    model.validate_nodes_and_infer_types()
+    return model
