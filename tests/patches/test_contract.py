@@ -54,7 +54,7 @@ class Row:
     args: Callable[[Models], tuple[Any, ...]] = lambda models: ()  # bound with functools.partial(patch, *args)
     slots: Callable[..., Iterable[Slot]]  # called with the args
     adds: bool = False  # an attribute missing before is set inside and removed after
-    writes: Callable[..., Any] | None = None  # for a patch that undoes writes instead of swapping: the writes, inside it
+    writes: Callable[..., Any] | None = None  # a patch that undoes writes instead of swapping: the writes, inside it
     needs: str | None = None  # the package the owners live in
 
     @property
@@ -62,17 +62,20 @@ class Row:
         return self.patch.__name__
 
 
-def _model(name: str, prepare: Callable[[torch.nn.Module], Any] | None = None) -> Callable[[Models], tuple[Any, ...]]:
-    """``args`` of a row bound to zoo model ``name``: the session's, or a fresh one that ``prepare`` changes."""
-    if prepare is None:
-        return lambda models: (models(name),)
+def _shared(name: str) -> Callable[[Models], tuple[Any, ...]]:
+    """``args`` of a row bound to the session's zoo model ``name``."""
+    return lambda models: (models(name),)
 
-    def fresh(models: Models) -> tuple[Any, ...]:
+
+def _fresh(name: str, prepare: Callable[[torch.nn.Module], Any] = lambda model: None) -> Callable[[Models], tuple]:
+    """``args`` of a row bound to a zoo model ``name`` of its own, changed by ``prepare`` (not the session's)."""
+
+    def build(models: Models) -> tuple[Any, ...]:
         model = zoo.build(name)
         prepare(model)
         return (model,)
 
-    return fresh
+    return build
 
 
 def _owner(module: str, attribute: str | None = None) -> Any:
@@ -164,19 +167,19 @@ ROWS = (
     # hfx.patches: default_patches(model), TORCH_PATCHES, CACHE_PATCHES, ssm_patches, arch_patches, moe_patches.
     Row(patch=registered_caches, args=lambda models: (cache_classes(models("llama")),), slots=_registry_slots,
         adds=True),
-    Row(patch=patches.preserve_module_state, args=_model("llama", prepare=lambda model: None), slots=_preserved_slots,
+    Row(patch=patches.preserve_module_state, args=_fresh("llama"), slots=_preserved_slots,
         writes=_tracing_writes, adds=True),
-    Row(patch=patches.patch_eval_mode, args=_model("llama", prepare=lambda model: model.train()),
+    Row(patch=patches.patch_eval_mode, args=_fresh("llama", lambda model: model.train()),
         slots=lambda model: [(module, "training") for module in model.modules()]),
-    Row(patch=patches.patch_attention_implementation, args=_model("llama", prepare=_flex_attention),
+    Row(patch=patches.patch_attention_implementation, args=_fresh("llama", _flex_attention),
         slots=lambda model: [(model.config, "_attn_implementation_internal")]),
-    Row(patch=patches.patch_packed_vision_attention, args=_model("qwen2_vl"),
+    Row(patch=patches.patch_packed_vision_attention, args=_shared("qwen2_vl"),
         slots=lambda model: [(modeling_qwen2_vl, "is_flash_attention_requested"),
                              (modeling_qwen2_vl, "ALL_ATTENTION_FUNCTIONS")]),
-    Row(patch=patches.patch_per_image_feature_split, args=_model("qwen2_vl"),
+    Row(patch=patches.patch_per_image_feature_split, args=_shared("qwen2_vl"),
         slots=lambda model: [(modeling_qwen2_vl.Qwen2VLModel, "get_image_features"),
                              (modeling_qwen2_vl.Qwen2VLModel, "get_video_features")]),
-    Row(patch=patches.patch_window_permutation, args=_model("qwen2_5_vl"),
+    Row(patch=patches.patch_window_permutation, args=_shared("qwen2_5_vl"),
         slots=lambda model: [(modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel,
                               "permute_input_for_window_attn"), (modeling_qwen2_5_vl, "torch")]),
     Row(patch=patches.patch_sliding_window_cache, slots=_sliding_window_slots, adds=True),
@@ -184,13 +187,13 @@ ROWS = (
     Row(patch=patches.patch_conv3d_patch_embedding, slots=lambda: [(torch.nn.Conv3d, "forward")], adds=True),
     Row(patch=patches.patch_linear_attention_conv_state,
         slots=lambda: [(cache_utils.LinearAttentionLayer, "update_conv_state")]),
-    Row(patch=patches.patch_mamba_selective_scan, args=_model("mamba"),
+    Row(patch=patches.patch_mamba_selective_scan, args=_shared("mamba"),
         slots=lambda model: [(modeling_mamba, "mamba_selective_scan")]),
-    Row(patch=patches.patch_mamba2_chunk_scan, args=_model("mamba2"),
+    Row(patch=patches.patch_mamba2_chunk_scan, args=_shared("mamba2"),
         slots=lambda model: [(modeling_mamba2, "mamba2_chunk_scan")]),
-    Row(patch=patches.patch_position_interpolation, args=_model("dinov2"),
+    Row(patch=patches.patch_position_interpolation, args=_shared("dinov2"),
         slots=lambda model: [(modeling_dinov2.Dinov2Embeddings, "interpolate_pos_encoding")], adds=True),
-    Row(patch=patches.patch_dense_experts, args=_model("mixtral"),
+    Row(patch=patches.patch_dense_experts, args=_shared("mixtral"),
         slots=lambda model: [(modeling_mixtral.MixtralExperts, "forward")], adds=True),
     # The ExecuTorch lowering patches (LOWERING_PATCHES) and the patches they enter.
     Row(patch=_executorch.patch_edge_verifier_sym_functions, needs="executorch",
