@@ -49,18 +49,17 @@ class _Outer:
         """A nested class, named ``_Outer.Inner`` in a context."""
 
 
-def _filled(name: str, **kwargs) -> cache_utils.Cache:
+def _filled(model: torch.nn.Module, name: str, **kwargs) -> cache_utils.Cache:
     """The cache a zoo model's forward fills from a 5-token prompt (batch 2)."""
-    model = zoo.build(name)
     with torch.no_grad():
         out = model(**zoo.inputs(name, **_PROMPT), use_cache=True, **kwargs)
     return out.get("past_key_values", out.get("cache_params"))
 
 
 @pytest.fixture(scope="module")
-def caches() -> dict[str, cache_utils.Cache]:
+def caches(models) -> dict[str, cache_utils.Cache]:
     """A filled cache of each kind: dynamic, static, encoder-decoder and SSM (``LinearAttentionLayer``s)."""
-    llama = zoo.build("llama")
+    llama = models("llama")
     static = cache_utils.StaticCache(config=llama.config, max_cache_len=12)
     generator = torch.Generator().manual_seed(0)
     self_attention, cross_attention = cache_utils.DynamicCache(), cache_utils.DynamicCache()
@@ -68,10 +67,10 @@ def caches() -> dict[str, cache_utils.Cache]:
         self_attention.update(*torch.randn(2, 2, 2, 3, 4, generator=generator), layer)
         cross_attention.update(*torch.randn(2, 2, 2, 6, 4, generator=generator), layer)
     return {
-        "dynamic": _filled("llama"),
-        "static": _filled("llama", past_key_values=static),
+        "dynamic": _filled(llama, "llama"),
+        "static": _filled(llama, "llama", past_key_values=static),
         "encoder_decoder": cache_utils.EncoderDecoderCache(self_attention, cross_attention),
-        "ssm": _filled("mamba"),
+        "ssm": _filled(models("mamba"), "mamba"),
     }
 
 
