@@ -190,7 +190,9 @@ def registered_caches(classes: Iterable[type] | None = None) -> Iterator[None]:
         for cls in wanted:
             if cls in pytree.SUPPORTED_NODES:
                 continue
-            pytree.register_pytree_node(
+            # The Python registry only, the one _deregister_pytree_node undoes: with optree installed the
+            # public register_pytree_node also registers (or queues) the class in the C++ pytree for good.
+            pytree._private_register_pytree_node(  # noqa: SLF001
                 cls,
                 functools.partial(_flatten, node_classes),
                 functools.partial(_unflatten, cls),
@@ -203,7 +205,7 @@ def registered_caches(classes: Iterable[type] | None = None) -> Iterator[None]:
         yield
     finally:
         for cls in added:
-            pytree._deregister_pytree_node(cls)  # noqa: SLF001 - the only way to undo register_pytree_node
+            pytree._deregister_pytree_node(cls)  # noqa: SLF001 - the only way to undo the registration
 
 
 def spec_caches(*ios: Any) -> contextlib.AbstractContextManager[None]:

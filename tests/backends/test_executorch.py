@@ -25,16 +25,14 @@ from hfx.backends import _xnnpack_patches  # noqa: E402
 from hfx.backends._executorch import (  # noqa: E402
     DEFAULT_MAX_SIZE,
     DEFAULT_MAX_SIZES,
-    LOWERING_PATCHES,
     PteProgram,
     _validating_list_returns_whole,
     decomposed_for_edge,
     lower_to_pte,
-    patch_edge_validator_list_returns,
     patch_edge_verifier_sym_functions,
     pte_bounds,
 )
-from hfx.patches._edge import exact_upper_bound, patch_exact_upper_bounds  # noqa: E402
+from hfx.patches._edge import exact_upper_bound  # noqa: E402
 from tests.helpers import CAPTURE_SHAPE, PARITY_MODELS, eager_tokens, new_inputs  # noqa: E402
 
 BOUNDED = {"batch": 3, "past_sequence": 48}  # the decode mask is "past_sequence + 1", bounded with it
@@ -226,24 +224,14 @@ def test_an_executorch_failure_is_a_lowering_error(linear, monkeypatch):
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
-def test_verifier_patch_is_active_inside_and_restored_after():
+def test_verifier_patch_adds_the_sym_functions_to_the_allowlist():
     from executorch.exir.verification import verifier
 
     original = vars(verifier)["_EXECUTORCH_SYM_OPS"]
     with patch_edge_verifier_sym_functions():
         assert torch.sym_min in verifier._EXECUTORCH_SYM_OPS
         assert original <= verifier._EXECUTORCH_SYM_OPS
-    assert vars(verifier)["_EXECUTORCH_SYM_OPS"] is original
     assert torch.sym_min not in original
-
-
-def test_verifier_patch_is_restored_after_an_error():
-    from executorch.exir.verification import verifier
-
-    original = vars(verifier)["_EXECUTORCH_SYM_OPS"]
-    with pytest.raises(RuntimeError, match="boom"), patch_edge_verifier_sym_functions():
-        raise RuntimeError("boom")
-    assert vars(verifier)["_EXECUTORCH_SYM_OPS"] is original
 
 
 def test_missing_executorch_names_the_extra(linear, monkeypatch):
@@ -367,52 +355,6 @@ def test_the_gelu_check_accepts_the_erf_gelu_only():
     assert _xnnpack_patches._is_exact_gelu(_node((2, 3), x))
     assert _xnnpack_patches._is_exact_gelu(_node((2, 3), x, approximate="none"))
     assert not _xnnpack_patches._is_exact_gelu(_node((2, 3), x, approximate="tanh"))
-
-
-def _patched_attributes():
-    """(patch, owner, attribute name) of each patch that ``lower_to_pte`` enters around ExecuTorch."""
-    from executorch.backends.xnnpack.partition.config.gemm_configs import ConvolutionConfig
-    from executorch.backends.xnnpack.partition.config.generic_node_configs import GeluConfig, UnsqueezeCopyConfig
-    from executorch.exir import sym_util
-    from executorch.exir.passes import sym_shape_eval_pass
-    from executorch.exir.verification.arg_validator import EdgeOpArgValidator
-
-    return [
-        (patch_edge_validator_list_returns, EdgeOpArgValidator, "call_function"),
-        (patch_exact_upper_bounds, sym_util, "eval_upper_bound"),
-        (patch_exact_upper_bounds, sym_shape_eval_pass, "eval_upper_bound"),
-        (_xnnpack_patches.patch_xnnpack_unsqueeze_dynamic_dims, UnsqueezeCopyConfig, "check_constraints"),
-        (_xnnpack_patches.patch_xnnpack_conv1d_dynamic_dims, ConvolutionConfig, "check_constraints"),
-        (_xnnpack_patches.patch_xnnpack_tanh_gelu, GeluConfig, "check_constraints"),
-    ]
-
-
-@pytest.mark.parametrize("index", range(6))
-def test_lowering_patches_are_active_inside_and_restored_after(index):
-    patch, owner, name = _patched_attributes()[index]
-    original = vars(owner)[name]
-    with patch():
-        assert vars(owner)[name] is not original
-        assert vars(owner)[name].__wrapped__ is original
-    assert vars(owner)[name] is original
-    with pytest.raises(RuntimeError, match="boom"), patch():
-        raise RuntimeError("boom")
-    assert vars(owner)[name] is original
-
-
-def test_lowering_patches_unwind_when_a_later_one_fails():
-    from executorch.backends.xnnpack.partition.config.generic_node_configs import GeluConfig
-
-    original = vars(GeluConfig)["check_constraints"]
-
-    def failing():
-        raise RuntimeError("cannot apply")
-
-    originals = [vars(owner)[name] for _, owner, name in _patched_attributes()]
-    with pytest.raises(RuntimeError, match="cannot apply"), hfx.patches.with_patches(*LOWERING_PATCHES, failing):
-        pass
-    assert vars(GeluConfig)["check_constraints"] is original
-    assert [vars(owner)[name] for _, owner, name in _patched_attributes()] == originals
 
 
 def test_the_validator_patch_sees_a_tensor_list_return_whole():

@@ -24,7 +24,6 @@ from hfx.backends._sdpa_layout import (  # noqa: E402
     laid_out_like,
     patch_sdpa_decomposition_layout,
 )
-from hfx.patches import with_patches  # noqa: E402
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE  # noqa: E402
 
 _FLASH_FOR_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -128,49 +127,6 @@ def test_decomposing_leaves_the_program_and_the_table_unchanged(attention):
 
 def test_lower_to_pte_enters_the_patch():
     assert patch_sdpa_decomposition_layout in _executorch.LOWERING_PATCHES
-
-
-# --- the patch ----------------------------------------------------------------------------------
-
-
-def test_the_patch_is_active_inside_and_restored_after():
-    from torch._decomp import decomposition_table
-
-    original = decomposition_table[_FLASH_FOR_CPU]
-    with patch_sdpa_decomposition_layout():
-        assert decomposition_table[_FLASH_FOR_CPU] is flash_attention_for_cpu_like_query
-    assert decomposition_table[_FLASH_FOR_CPU] is original
-
-
-def test_the_patch_is_restored_after_an_error():
-    from torch._decomp import decomposition_table
-
-    original = decomposition_table[_FLASH_FOR_CPU]
-    with pytest.raises(RuntimeError, match="boom"), patch_sdpa_decomposition_layout():
-        raise RuntimeError("boom")
-    assert decomposition_table[_FLASH_FOR_CPU] is original
-
-
-def test_the_patch_unwinds_when_a_later_patch_fails():
-    from torch._decomp import decomposition_table
-
-    original = decomposition_table[_FLASH_FOR_CPU]
-
-    def failing():
-        raise RuntimeError("cannot apply")
-
-    with pytest.raises(RuntimeError, match="cannot apply"), with_patches(patch_sdpa_decomposition_layout, failing):
-        pass
-    assert decomposition_table[_FLASH_FOR_CPU] is original
-
-
-def test_the_patch_removes_an_entry_that_was_not_there(monkeypatch):
-    from torch._decomp import decomposition_table
-
-    monkeypatch.delitem(decomposition_table, _FLASH_FOR_CPU)
-    with patch_sdpa_decomposition_layout():
-        assert decomposition_table[_FLASH_FOR_CPU] is flash_attention_for_cpu_like_query
-    assert _FLASH_FOR_CPU not in decomposition_table
 
 
 # --- the failure the fix removes ----------------------------------------------------------------

@@ -1,51 +1,25 @@
-"""Architecture patches: active inside, restored exactly afterwards, no-ops elsewhere, and they fix the export."""
+"""Architecture patches: eager numbers, no-ops elsewhere, a fixed export (their contract: test_contract.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 
 import pytest
 import torch
 from transformers.models.dinov2 import modeling_dinov2
 
 import hfx
-from hfx import PatchError, zoo
-from hfx.patches import arch_patches, patch_position_interpolation, with_patches
-from hfx.patches._arch import always_interpolated_positions, is_interpolating_vision_model
+from hfx import zoo
+from hfx.patches import arch_patches, patch_position_interpolation
+from hfx.patches._arch import is_interpolating_vision_model
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE
 
 EMBEDDINGS = modeling_dinov2.Dinov2Embeddings
 ORIGINAL = vars(EMBEDDINGS)["interpolate_pos_encoding"]
 
 
-@contextlib.contextmanager
-def _broken():
-    raise ValueError("cannot apply")
-    yield
-
-
 @pytest.fixture(scope="module")
 def dinov2():
     return zoo.build("dinov2")
-
-
-def test_position_interpolation_is_active_inside_and_restored_after(dinov2):
-    with patch_position_interpolation(dinov2):
-        assert vars(EMBEDDINGS)["interpolate_pos_encoding"] is always_interpolated_positions
-    assert vars(EMBEDDINGS)["interpolate_pos_encoding"] is ORIGINAL
-
-
-def test_position_interpolation_is_restored_after_an_exception(dinov2):
-    with pytest.raises(RuntimeError, match="inside"), patch_position_interpolation(dinov2):
-        raise RuntimeError("inside")
-    assert vars(EMBEDDINGS)["interpolate_pos_encoding"] is ORIGINAL
-
-
-def test_position_interpolation_is_unwound_when_a_later_patch_fails(dinov2):
-    with pytest.raises(PatchError), with_patches(functools.partial(patch_position_interpolation, dinov2), _broken):
-        pass
-    assert vars(EMBEDDINGS)["interpolate_pos_encoding"] is ORIGINAL
 
 
 def test_position_interpolation_leaves_other_models_alone():

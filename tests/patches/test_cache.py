@@ -1,28 +1,21 @@
-"""Cache-layer patches: active inside, restored exactly afterwards, and sliding-window models generate eager's tokens."""
+"""Cache-layer patches: sliding-window models generate eager's tokens (their contract: test_contract.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import pytest
 import torch
 import transformers
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicSlidingWindowLayer
 
 import hfx
-from hfx import PatchError, zoo
-from hfx.patches import default_patches, patch_sliding_window_cache, with_patches
+from hfx import zoo
+from hfx.patches import default_patches, patch_sliding_window_cache
 
 METHODS = ("update", "get_mask_sizes", "get_seq_length")
 ORIGINAL = {name: vars(DynamicSlidingWindowLayer)[name] for name in METHODS}
 WINDOW, PROMPT, NEW_TOKENS = 3, 5, 6  # the window is shorter than the prompt and than prompt + new tokens
-
-
-@contextlib.contextmanager
-def _broken():
-    raise ValueError("cannot apply")
-    yield
 
 
 def _assert_restored() -> None:
@@ -44,25 +37,6 @@ def _eager(model, prompt):
     with torch.no_grad():
         return model.generate(**copy.deepcopy(prompt), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                               do_sample=False)
-
-
-def test_sliding_window_cache_is_active_inside_and_restored_after():
-    with patch_sliding_window_cache():
-        for name in METHODS:
-            assert vars(DynamicSlidingWindowLayer)[name] is vars(DynamicLayer)[name]
-    _assert_restored()
-
-
-def test_sliding_window_cache_is_restored_after_an_exception():
-    with pytest.raises(RuntimeError, match="inside"), patch_sliding_window_cache():
-        raise RuntimeError("inside")
-    _assert_restored()
-
-
-def test_sliding_window_cache_is_unwound_when_a_later_patch_fails():
-    with pytest.raises(PatchError), with_patches(patch_sliding_window_cache, _broken):
-        pass
-    _assert_restored()
 
 
 def test_sliding_window_cache_is_a_default_patch():

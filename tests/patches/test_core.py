@@ -1,4 +1,8 @@
-"""swap_attr, swap_item and with_patches restore exactly, on exit, on error and on a failed later patch."""
+"""with_patches: the order it enters and exits patches in, and the error that names a patch failing to apply.
+
+The patch contract of swap_attr, swap_attr_on_each, swap_item and with_patches (restored on exit, on
+error, on a failed later patch, an added attribute removed) is checked in test_contract.py.
+"""
 
 from __future__ import annotations
 
@@ -7,73 +11,37 @@ import contextlib
 import pytest
 
 from hfx import PatchError
-from hfx.patches import swap_attr, swap_item, with_patches
+from hfx.patches import with_patches
 
 
-class Owner:
-    @staticmethod
-    def static():
-        return "static"
-
-    def method(self):
-        return "method"
-
-
-class Child(Owner):
-    pass
-
-
-def test_swap_attr_is_active_inside():
-    with swap_attr(Owner, "method", lambda self: "patched"):
-        assert Owner().method() == "patched"
-
-
-def test_swap_attr_restores_the_original_object():
-    original = vars(Owner)["static"]
-    with swap_attr(Owner, "static", staticmethod(lambda: "patched")):
-        assert Owner.static() == "patched"
-    assert vars(Owner)["static"] is original
-    assert Owner.static() == "static"
-
-
-def test_swap_attr_restores_after_an_exception():
-    original = vars(Owner)["method"]
-    with pytest.raises(RuntimeError), swap_attr(Owner, "method", None):
-        raise RuntimeError
-    assert vars(Owner)["method"] is original
-
-
-def test_swap_attr_removes_an_attribute_that_was_inherited():
-    with swap_attr(Child, "method", lambda self: "child"):
-        assert Child().method() == "child"
-    assert "method" not in vars(Child)
-    assert Child().method() == "method"
-
-
-def test_swap_item_restores_and_removes():
-    table = {"a": 1}
-    with swap_item(table, "a", 2), swap_item(table, "b", 3):
-        assert table == {"a": 2, "b": 3}
-    assert table == {"a": 1}
-
-
-def test_a_failing_later_patch_unwinds_the_earlier_ones():
-    def first():
-        return swap_attr(Owner, "method", lambda self: "first")
-
+def _logging(calls: list[str], name: str):
     @contextlib.contextmanager
-    def broken():
-        raise ValueError("cannot apply")
-        yield
+    def patch():
+        calls.append(f"enter {name}")
+        try:
+            yield
+        finally:
+            calls.append(f"exit {name}")
 
-    original = vars(Owner)["method"]
-    with pytest.raises(PatchError, match="broken failed to apply"), with_patches(first, broken):
+    patch.__name__ = name
+    return patch
+
+
+def test_patches_enter_in_order_and_exit_in_reverse_order():
+    calls: list[str] = []
+    with with_patches(_logging(calls, "a"), _logging(calls, "b")):
+        calls.append("block")
+    assert calls == ["enter a", "enter b", "block", "exit b", "exit a"]
+
+
+def test_a_patch_that_fails_to_apply_is_named_and_its_error_chained():
+    calls: list[str] = []
+
+    def unavailable():
+        raise ModuleNotFoundError("no module named 'runtime'")
+
+    with pytest.raises(PatchError, match="patch unavailable failed to apply: no module named 'runtime'") as info, \
+            with_patches(_logging(calls, "a"), unavailable, _logging(calls, "b")):
         pass
-    assert vars(Owner)["method"] is original
-
-
-def test_with_patches_restores_after_an_exception_in_the_block():
-    table = {}
-    with pytest.raises(KeyError), with_patches(lambda: swap_item(table, "k", 1)):
-        raise KeyError
-    assert table == {}
+    assert isinstance(info.value.__cause__, ModuleNotFoundError)
+    assert calls == ["enter a", "exit a"]  # the patch after it was never entered

@@ -59,18 +59,6 @@ def test_dense_forward_equals_transformers_grouped_mm(config_name, extra):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_patch_swaps_the_experts_forward_and_restores_it():
-    experts = _experts("MixtralConfig", num_local_experts=4)
-    owner = type(experts)
-    before = vars(owner)["forward"]
-    with patch_dense_experts(experts):
-        assert owner.forward is dense_experts_forward
-    assert vars(owner)["forward"] is before
-    with pytest.raises(RuntimeError), patch_dense_experts(experts):
-        raise RuntimeError
-    assert vars(owner)["forward"] is before
-
-
 def test_is_a_no_op_without_experts():
     model = torch.nn.Linear(2, 2)
     with patch_dense_experts(model):

@@ -1,4 +1,4 @@
-"""patch_packed_vision_attention: one masked attention over packed images, the tower's own result; restored after."""
+"""Vision patches: packed images, per-image splits and window order, as the tower computes them (contract: test_contract.py)."""
 
 from __future__ import annotations
 
@@ -30,24 +30,13 @@ def test_packed_images_give_the_towers_own_features(tower):
     torch.testing.assert_close(patched, eager, atol=1e-5, rtol=1e-5)
 
 
-def test_only_the_towers_modeling_module_is_swapped_and_restored(tower):
+def test_flash_attention_is_requested_for_the_towers_config_only(tower):
     import transformers.models.qwen2_vl.modeling_qwen2_vl as modeling
 
-    before = (modeling.is_flash_attention_requested, modeling.ALL_ATTENTION_FUNCTIONS)
     text_config = zoo.build("qwen2_vl").config.text_config
     with patch_packed_vision_attention(tower):
         assert modeling.is_flash_attention_requested(tower.config)
         assert not modeling.is_flash_attention_requested(text_config)  # the language model keeps sdpa
-    assert (modeling.is_flash_attention_requested, modeling.ALL_ATTENTION_FUNCTIONS) == before
-
-
-def test_restored_after_an_exception(tower):
-    import transformers.models.qwen2_vl.modeling_qwen2_vl as modeling
-
-    before = modeling.ALL_ATTENTION_FUNCTIONS
-    with pytest.raises(RuntimeError), patch_packed_vision_attention(tower):
-        raise RuntimeError
-    assert modeling.ALL_ATTENTION_FUNCTIONS is before
 
 
 def test_a_model_without_packed_towers_is_untouched(models):
@@ -75,20 +64,6 @@ def test_per_image_split_gives_every_images_tokens_joined(models, name):
     eager, patched = _eager_and_patched_features(model, pixels)
     assert len(eager) == 3 and len(patched) == 1  # one tensor, whatever the number of images
     torch.testing.assert_close(patched[0], torch.cat(list(eager), dim=0), atol=1e-6, rtol=1e-6)
-
-
-def test_per_image_split_patch_swaps_the_class_method_and_restores_it(models):
-    from transformers.models.llava.modeling_llava import LlavaModel
-
-    from hfx.patches import patch_per_image_feature_split
-
-    original = vars(LlavaModel)["get_image_features"]
-    with patch_per_image_feature_split(models("llava")):
-        assert vars(LlavaModel)["get_image_features"].__wrapped__ is original
-    assert vars(LlavaModel)["get_image_features"] is original
-    with pytest.raises(RuntimeError), patch_per_image_feature_split(models("llava")):
-        raise RuntimeError
-    assert vars(LlavaModel)["get_image_features"] is original
 
 
 def test_per_image_split_patch_leaves_models_without_the_pattern_alone(models):
@@ -134,20 +109,6 @@ def test_a_packed_towers_per_image_split_gives_every_images_tokens_joined(models
     eager, patched = _eager_and_patched_features(model, pixels, image_grid_thw=grid)
     assert [len(t) for t in eager] == [4, 3, 2] and len(patched) == 1
     torch.testing.assert_close(patched[0], torch.cat(list(eager), dim=0), atol=0, rtol=0)
-
-
-def test_the_packed_split_patch_swaps_both_feature_methods_and_restores_them(models):
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
-
-    from hfx.patches import patch_per_image_feature_split
-
-    originals = {m: vars(Qwen2VLModel)[m] for m in ("get_image_features", "get_video_features")}
-    with patch_per_image_feature_split(models("qwen2_vl")):
-        assert all(vars(Qwen2VLModel)[m].__wrapped__ is original for m, original in originals.items())
-    assert all(vars(Qwen2VLModel)[m] is original for m, original in originals.items())
-    with pytest.raises(RuntimeError), patch_per_image_feature_split(models("qwen2_vl")):
-        raise RuntimeError
-    assert all(vars(Qwen2VLModel)[m] is original for m, original in originals.items())
 
 
 def test_the_packed_split_patch_passes_precomputed_inputs_to_the_tower(models):
@@ -210,17 +171,11 @@ class _Undo(torch.nn.Module):
         return modeling.torch.argsort(index)
 
 
-def test_the_window_patch_is_restored_and_leaves_other_models_alone(models):
+def test_the_window_patch_leaves_other_models_alone(models):
     import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as modeling
     import transformers.models.qwen2_vl.modeling_qwen2_vl as qwen2_vl
 
     from hfx.patches import patch_window_permutation
 
-    tower = modeling.Qwen2_5_VisionTransformerPretrainedModel
-    original = vars(tower)["permute_input_for_window_attn"]
-    with pytest.raises(RuntimeError), patch_window_permutation(models("qwen2_5_vl")):
-        assert modeling.torch is not torch and vars(tower)["permute_input_for_window_attn"] is not original
-        raise RuntimeError
-    assert vars(modeling)["torch"] is torch and vars(tower)["permute_input_for_window_attn"] is original
     with patch_window_permutation(models("qwen2_vl")):  # no windows: nothing to undo
         assert vars(qwen2_vl)["torch"] is torch and vars(modeling)["torch"] is torch

@@ -1,0 +1,366 @@
+"""The patch contract, checked once over every patch in hfx (STYLE.md "Tests").
+
+Each row of ``ROWS`` names a patch factory, what it is bound to (a tiny zoo model where the patch
+takes one) and the slots it swaps: ``(owner, name)`` pairs read with ``vars(owner)`` (or
+``owner.get`` for a mapping) and compared by identity. Every row is checked to be active inside
+the block, restored exactly after it, restored after an exception, unwound when a later patch
+fails to apply, and, for the rows marked ``adds``, to remove an attribute that did not exist
+before. ``test_every_patch_has_a_row`` fails for a patch in hfx that the table does not cover.
+The per-patch test files keep what each patch does (its numbers, its predicate).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import importlib
+import io
+import logging
+import pathlib
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils import _pytree as pytree
+from transformers import cache_utils
+from transformers.models.dinov2 import modeling_dinov2
+from transformers.models.mamba import modeling_mamba
+from transformers.models.mamba2 import modeling_mamba2
+from transformers.models.mixtral import modeling_mixtral
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+import hfx
+from hfx import PatchError, patches, zoo
+from hfx._pytree import cache_classes, registered_caches
+from hfx.backends import _common, _executorch, _sdpa_layout, _xnnpack_patches
+from hfx.patches import _core, _edge
+
+_MISSING = object()
+Slot = tuple[Any, Any]
+Models = Callable[[str], torch.nn.Module]
+
+
+@attrs.frozen(kw_only=True)
+class Row:
+    """One patch factory, what it is bound to, and the slots it swaps."""
+
+    patch: Callable[..., Any]  # the factory, as hfx defines it (the coverage test compares identities)
+    args: Callable[[Models], tuple[Any, ...]] = lambda models: ()  # bound with functools.partial(patch, *args)
+    slots: Callable[..., Iterable[Slot]]  # called with the args
+    adds: bool = False  # an attribute missing before is set inside and removed after
+    writes: Callable[..., Any] | None = None  # a patch that undoes writes instead of swapping: the writes, inside it
+    needs: str | None = None  # the package the owners live in
+
+    @property
+    def id(self) -> str:
+        return self.patch.__name__
+
+
+def _shared(name: str) -> Callable[[Models], tuple[Any, ...]]:
+    """``args`` of a row bound to the session's zoo model ``name``."""
+    return lambda models: (models(name),)
+
+
+def _fresh(name: str, prepare: Callable[[torch.nn.Module], Any] = lambda model: None) -> Callable[[Models], tuple]:
+    """``args`` of a row bound to a zoo model ``name`` of its own, changed by ``prepare`` (not the session's)."""
+
+    def build(models: Models) -> tuple[Any, ...]:
+        model = zoo.build(name)
+        prepare(model)
+        return (model,)
+
+    return build
+
+
+def _owner(module: str, attribute: str | None = None) -> Any:
+    """The module named ``module`` (imported now), or its attribute ``attribute``."""
+    found = importlib.import_module(module)
+    return found if attribute is None else getattr(found, attribute)
+
+
+def _flex_attention(model: torch.nn.Module) -> None:
+    model.config._attn_implementation_internal = "flex_attention"  # noqa: SLF001 - what the user's config holds
+
+
+@contextlib.contextmanager
+def _tracing_writes(model: torch.nn.Module) -> Iterator[None]:
+    """What tracing leaves on a model: a cached attribute, a config field, a parameter swapped for another."""
+    model.cached = object()
+    model.config.cached = object()
+    model.lm_head.weight = torch.nn.Parameter(torch.zeros(1))
+    yield
+
+
+def _preserved_slots(model: torch.nn.Module) -> list[Slot]:
+    return [(model, "cached"), (model.config, "cached"), (model.lm_head._parameters, "weight")]  # noqa: SLF001
+
+
+def _registry_slots(classes: tuple[type, ...]) -> list[Slot]:
+    """Every entry ``registered_caches`` makes in torch's pytree tables for ``classes``."""
+    found = []
+    for cls in classes:
+        found += [(pytree.SUPPORTED_NODES, cls), (pytree.SUPPORTED_SERIALIZED_TYPES, cls),
+                  (pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE, f"{cls.__module__}.{cls.__qualname__}")]
+    return found
+
+
+def _sliding_window_slots() -> list[Slot]:
+    return [(cache_utils.DynamicSlidingWindowLayer, name) for name in ("update", "get_mask_sizes", "get_seq_length")]
+
+
+def _xnnpack_slots() -> dict[Callable[..., Any], Slot]:
+    configs = "executorch.backends.xnnpack.partition.config"
+    return {
+        _xnnpack_patches.patch_xnnpack_unsqueeze_dynamic_dims:
+            (_owner(f"{configs}.generic_node_configs", "UnsqueezeCopyConfig"), "check_constraints"),
+        _xnnpack_patches.patch_xnnpack_conv1d_dynamic_dims:
+            (_owner(f"{configs}.gemm_configs", "ConvolutionConfig"), "check_constraints"),
+        _xnnpack_patches.patch_xnnpack_tanh_gelu:
+            (_owner(f"{configs}.generic_node_configs", "GeluConfig"), "check_constraints"),
+    }
+
+
+def _local_class() -> type:
+    """A class of this test's own whose staticmethod and method override inherited ones (the primitives' rows)."""
+
+    class Base:
+        @staticmethod
+        def static() -> str:
+            return "inherited"
+
+        def method(self) -> str:
+            return "inherited"
+
+    class Owner(Base):
+        @staticmethod
+        def static() -> str:
+            return "static"
+
+        def method(self) -> str:
+            return "method"
+
+    return Owner
+
+
+def _patched(self: Any) -> str:
+    return "patched"
+
+
+ROWS = (
+    # The primitives, each bound to owners of the test's own.
+    Row(patch=_core.swap_attr, args=lambda models: (_local_class(), "static", staticmethod(_patched)),
+        slots=lambda owner, name, value: [(owner, name)], adds=True),
+    Row(patch=_core.swap_attr_on_each, args=lambda models: ((_local_class(), _local_class()), "method", _patched),
+        slots=lambda owners, name, value: [(owner, name) for owner in owners], adds=True),
+    Row(patch=_core.swap_item, args=lambda models: ({"key": "value"}, "key", "patched"),
+        slots=lambda table, key, value: [(table, key)], adds=True),
+    Row(patch=_core.with_patches,
+        args=lambda models: (functools.partial(_core.swap_attr, _local_class(), "method", _patched),
+                             functools.partial(_core.swap_item, {"key": "value"}, "key", "patched")),
+        slots=lambda *bound: [tuple(patch.args[:2]) for patch in bound], adds=True),
+    # hfx.patches: default_patches(model), TORCH_PATCHES, CACHE_PATCHES, ssm_patches, arch_patches, moe_patches.
+    Row(patch=registered_caches, args=lambda models: (cache_classes(models("llama")),), slots=_registry_slots,
+        adds=True),
+    Row(patch=patches.preserve_module_state, args=_fresh("llama"), slots=_preserved_slots,
+        writes=_tracing_writes, adds=True),
+    Row(patch=patches.patch_eval_mode, args=_fresh("llama", lambda model: model.train()),
+        slots=lambda model: [(module, "training") for module in model.modules()]),
+    Row(patch=patches.patch_attention_implementation, args=_fresh("llama", _flex_attention),
+        slots=lambda model: [(model.config, "_attn_implementation_internal")]),
+    Row(patch=patches.patch_packed_vision_attention, args=_shared("qwen2_vl"),
+        slots=lambda model: [(modeling_qwen2_vl, "is_flash_attention_requested"),
+                             (modeling_qwen2_vl, "ALL_ATTENTION_FUNCTIONS")]),
+    Row(patch=patches.patch_per_image_feature_split, args=_shared("qwen2_vl"),
+        slots=lambda model: [(modeling_qwen2_vl.Qwen2VLModel, "get_image_features"),
+                             (modeling_qwen2_vl.Qwen2VLModel, "get_video_features")]),
+    Row(patch=patches.patch_window_permutation, args=_shared("qwen2_5_vl"),
+        slots=lambda model: [(modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel,
+                              "permute_input_for_window_attn"), (modeling_qwen2_5_vl, "torch")]),
+    Row(patch=patches.patch_sliding_window_cache, slots=_sliding_window_slots, adds=True),
+    Row(patch=patches.patch_sdpa_fully_masked_rows, slots=lambda: [(F, "scaled_dot_product_attention")]),
+    Row(patch=patches.patch_conv3d_patch_embedding, slots=lambda: [(torch.nn.Conv3d, "forward")], adds=True),
+    Row(patch=patches.patch_linear_attention_conv_state,
+        slots=lambda: [(cache_utils.LinearAttentionLayer, "update_conv_state")]),
+    Row(patch=patches.patch_mamba_selective_scan, args=_shared("mamba"),
+        slots=lambda model: [(modeling_mamba, "mamba_selective_scan")]),
+    Row(patch=patches.patch_mamba2_chunk_scan, args=_shared("mamba2"),
+        slots=lambda model: [(modeling_mamba2, "mamba2_chunk_scan")]),
+    Row(patch=patches.patch_position_interpolation, args=_shared("dinov2"),
+        slots=lambda model: [(modeling_dinov2.Dinov2Embeddings, "interpolate_pos_encoding")], adds=True),
+    Row(patch=patches.patch_dense_experts, args=_shared("mixtral"),
+        slots=lambda model: [(modeling_mixtral.MixtralExperts, "forward")], adds=True),
+    # The ExecuTorch lowering patches (LOWERING_PATCHES) and the patches they enter.
+    Row(patch=_executorch.patch_edge_verifier_sym_functions, needs="executorch",
+        slots=lambda: [(_owner("executorch.exir.verification.verifier"), "_EXECUTORCH_SYM_OPS")]),
+    Row(patch=_executorch.patch_edge_validator_list_returns, needs="executorch",
+        slots=lambda: [(_owner("executorch.exir.verification.arg_validator", "EdgeOpArgValidator"), "call_function")]),
+    Row(patch=_xnnpack_patches.patch_xnnpack_partitioner, needs="executorch", slots=lambda: _xnnpack_slots().values()),
+    *(Row(patch=patch, needs="executorch", slots=lambda patch=patch: [_xnnpack_slots()[patch]])
+      for patch in (_xnnpack_patches.patch_xnnpack_unsqueeze_dynamic_dims,
+                    _xnnpack_patches.patch_xnnpack_conv1d_dynamic_dims, _xnnpack_patches.patch_xnnpack_tanh_gelu)),
+    Row(patch=_edge.patch_exact_upper_bounds, needs="executorch",
+        slots=lambda: [(_owner("executorch.exir.sym_util"), "eval_upper_bound"),
+                       (_owner("executorch.exir.passes.sym_shape_eval_pass"), "eval_upper_bound")]),
+    Row(patch=_sdpa_layout.patch_sdpa_decomposition_layout, adds=True,
+        slots=lambda: [(_owner("torch._decomp", "decomposition_table"),
+                        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)]),  # noqa: SLF001
+    # The output capture every lowering enters (its loggers' handlers, stdout and stderr).
+    Row(patch=_common.captured_output, args=lambda models: (io.StringIO(), ("hfx_contract",)),
+        slots=lambda buffer, namespaces: [(logging.getLogger("hfx_contract"), "handlers"),
+                                          (logging.getLogger("hfx_contract"), "propagate"), (sys, "stdout"),
+                                          (sys, "stderr")]),
+)
+
+
+def _read(slot: Slot) -> Any:
+    owner, name = slot
+    return owner.get(name, _MISSING) if isinstance(owner, Mapping) else vars(owner).get(name, _MISSING)
+
+
+def _label(slot: Slot) -> str:
+    owner, name = slot
+    return f"{getattr(owner, '__name__', type(owner).__name__)}[{name!r}]"
+
+
+def _bound(row: Row, models: Models) -> tuple[Callable[[], Any], list[Slot]]:
+    """The row's zero-argument patch and its slots."""
+    if row.needs:
+        pytest.importorskip(row.needs)
+    args = row.args(models)
+    patch = functools.partial(row.patch, *args)
+    if row.writes is not None:
+        patch = functools.partial(_core.with_patches, patch, functools.partial(row.writes, *args))
+    slots = list(row.slots(*args))
+    assert slots, f"{row.id}: the row names no slot"
+    return patch, slots
+
+
+def _assert_unchanged(slots: list[Slot], before: list[Any]) -> None:
+    changed = [_label(slot) for slot, value in zip(slots, before) if _read(slot) is not value]
+    assert not changed, f"not restored: {changed}"
+
+
+@contextlib.contextmanager
+def _broken() -> Iterator[None]:
+    raise ValueError("cannot apply")
+    yield
+
+
+class _Inside(Exception):
+    """Raised in the block."""
+
+
+@pytest.mark.parametrize("row", [row for row in ROWS if row.writes is None], ids=lambda row: row.id)
+def test_active_inside_the_block(row, models):
+    patch, slots = _bound(row, models)
+    before = [_read(slot) for slot in slots]
+    with patch():
+        same = [_label(slot) for slot, value in zip(slots, before) if _read(slot) is value]
+    assert not same, f"not swapped inside the block: {same}"
+    _assert_unchanged(slots, before)  # else the rows after this one would start from its leftovers
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.id)
+def test_restored_exactly_after_the_block(row, models):
+    patch, slots = _bound(row, models)
+    before = [_read(slot) for slot in slots]
+    with patch():
+        pass
+    _assert_unchanged(slots, before)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.id)
+def test_restored_after_an_exception(row, models):
+    patch, slots = _bound(row, models)
+    before = [_read(slot) for slot in slots]
+    with pytest.raises(_Inside), patch():
+        raise _Inside
+    _assert_unchanged(slots, before)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.id)
+def test_unwound_when_a_later_patch_fails_to_apply(row, models):
+    patch, slots = _bound(row, models)
+    before = [_read(slot) for slot in slots]
+    with pytest.raises(PatchError, match="_broken failed to apply"), _core.with_patches(patch, _broken):
+        pytest.fail("the block ran although a patch failed to apply")
+    _assert_unchanged(slots, before)
+
+
+@pytest.mark.parametrize("row", [row for row in ROWS if row.adds], ids=lambda row: row.id)
+def test_an_attribute_missing_before_is_removed_after(row, models, monkeypatch):
+    patch, slots = _bound(row, models)
+    for owner, name in slots:
+        if _read((owner, name)) is not _MISSING:
+            (monkeypatch.delitem if isinstance(owner, Mapping) else monkeypatch.delattr)(owner, name)
+    with patch():
+        missing = [_label(slot) for slot in slots if _read(slot) is _MISSING]
+    assert not missing, f"not set inside the block: {missing}"
+    left = [_label(slot) for slot in slots if _read(slot) is not _MISSING]
+    assert not left, f"left behind: {left}"
+
+
+# --- coverage: a new patch cannot skip the contract ---------------------------------------------
+
+# The zoo models whose default_patches (and ssm/arch/moe patches) between them select every model patch.
+_SELECTING_MODELS = ("llama", "mamba", "mamba2", "qwen2_vl", "mixtral", "swin", "whisper")
+
+
+def _factory(patch: Any) -> Any:
+    """The function behind a patch value (a ``functools.partial`` binds it to a model)."""
+    while isinstance(patch, functools.partial):
+        patch = patch.func
+    return patch
+
+
+def _defined_patches() -> dict[str, Any]:
+    """Every module-level ``def patch_*`` in hfx, found in the source with ``ast``: ``{module.name: function}``."""
+    root = pathlib.Path(hfx.__file__).parent
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("patch_"):
+                # A nested one resolves to None here and fails the coverage test: give it a row or a module scope.
+                found[f"{module}.{node.name}"] = vars(importlib.import_module(module)).get(node.name)
+    return found
+
+
+def _selected_patches() -> dict[str, Any]:
+    """Every patch in hfx's patch tuples: ``{where it was found: factory}``."""
+    found = {}
+    for name in _SELECTING_MODELS:
+        model = zoo.build(name)
+        for where, selected in (("default_patches", patches.default_patches(model)),
+                                ("ssm_patches", patches.ssm_patches(model)),
+                                ("arch_patches", patches.arch_patches(model)),
+                                ("moe_patches", patches.moe_patches(model))):
+            found.update({f"{where}({name})[{i}]": _factory(p) for i, p in enumerate(selected)})
+    for where, selected in (("TORCH_PATCHES", patches.TORCH_PATCHES), ("CACHE_PATCHES", patches.CACHE_PATCHES),
+                            ("LOWERING_PATCHES", _executorch.LOWERING_PATCHES)):
+        found.update({f"{where}[{i}]": _factory(p) for i, p in enumerate(selected)})
+    return found
+
+
+def test_every_patch_has_a_row():
+    covered = {row.patch for row in ROWS}
+    found = {**_selected_patches(), **_defined_patches()}
+    missing = sorted(f"{where}: {getattr(factory, '__qualname__', factory)}" for where, factory in found.items()
+                     if factory not in covered)
+    assert not missing, f"patches without a row in ROWS: {missing}"
+
+
+def test_the_coverage_walk_sees_every_kind_of_patch():
+    """The walk finds patches bound to a model, plain ones, ExecuTorch's, and the ``def patch_`` in backends."""
+    selected, defined = set(_selected_patches().values()), _defined_patches()
+    assert {patches.patch_dense_experts, patches.patch_window_permutation, registered_caches,
+            patches.patch_sdpa_fully_masked_rows, _executorch.patch_edge_verifier_sym_functions} <= selected
+    assert defined["hfx.backends._xnnpack_patches.patch_xnnpack_tanh_gelu"] is _xnnpack_patches.patch_xnnpack_tanh_gelu
+    assert len({row.patch for row in ROWS}) == len(ROWS)  # one row per patch
