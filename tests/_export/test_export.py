@@ -139,8 +139,9 @@ def test_export_failure_in_a_component_names_it():
         def forward(self, x):
             return x.item()
 
-    with pytest.raises(hfx.ComponentError, match="component 'enc'"):
+    with pytest.raises(hfx.CaptureError, match=r"^\[export\] component 'model' of Bad") as info:
         hfx.export(hfx.Components(items={"enc": hfx.capture({"x": torch.ones(2)}, Bad())}))
+    assert info.value.__notes__[-1] == "in component 'enc' of export"
 
 
 def test_a_component_holds_only_the_weights_its_graph_reads(generative):
