@@ -23,8 +23,8 @@ class LoweringError(HfxError, RuntimeError):
 class ComponentError(HfxError, KeyError):
     """A mapping keyed by component name has no entry for a component of a ``Components`` record.
 
-    Raised before any work by ``by_component`` (no stage for a component).
-    A stage that *fails* on one component
+    Raised before any work by ``by_component`` (no stage for a component) and by
+    ``verify`` (no inputs for a component). A stage that *fails* on one component
     does not raise this: ``per_component`` and ``by_component`` re-raise the
     stage's own error (``CaptureError``, ``InputError``, ``ValueError`` ...) with
     a note naming the component and the stage (``exc.__notes__``).
@@ -54,3 +54,13 @@ def describe(stage: str, model: object, component: str, what: str, todo: str) ->
     model_name = model if isinstance(model, str) else type(model).__name__
     return f"[{stage}] component {component!r} of {model_name}: {what} {todo}".strip()
 
+
+def argument_error(call: str, argument: str, wanted: str, got: object) -> TypeError:
+    """The ``TypeError`` for an argument of the wrong kind, showing the call's order (a swapped call reads as one).
+
+    Example:
+        >>> str(argument_error("save(directory, program)", "directory", "a path", object()))
+        'save: directory must be a path, got object; call save(directory, program)'
+    """
+    stage = call.split("(", 1)[0]
+    return TypeError(f"{stage}: {argument} must be {wanted}, got {type(got).__name__}; call {call}")
