@@ -86,7 +86,7 @@ def hfx_forward(arch: str, runtime: str) -> dict[str, Any]:
     program, seconds = _timed(
         lambda: HFX_LOWERINGS[runtime](hfx.export(hfx.capture(zoo.forward_inputs(arch, **CAPTURE), model)))
     )
-    report = hfx.verify(program, model, zoo.forward_inputs(arch, **NEW_SHAPE), atol=ATOL, rtol=RTOL)
+    report = hfx.verify(model, zoo.forward_inputs(arch, **NEW_SHAPE), program, atol=ATOL, rtol=RTOL)
     return _forward_result(report, seconds)
 
 
@@ -110,7 +110,7 @@ def hfx_generation(arch: str, runtime: str) -> dict[str, Any]:
         lambda: HFX_LOWERINGS[runtime](hfx.export(hfx.decompose(hfx.capture(zoo.inputs(arch, **CAPTURE), model))))
     )
     prompt = zoo.inputs(arch, **PROMPT)
-    got = hfx.generate(programs, **copy.deepcopy(prompt), max_new_tokens=NEW_TOKENS)
+    got = hfx.generate(copy.deepcopy(prompt), programs, max_new_tokens=NEW_TOKENS)
     return _token_result(got, _eager_tokens(model, prompt), seconds)
 
 
@@ -141,7 +141,7 @@ def peer_forward(arch: str, runtime: str) -> dict[str, Any]:
     model = zoo.build(arch)
     # The peer casts the sample inputs in place, so it gets its own copy.
     exported, seconds = _timed(lambda: exporter.export(model, zoo.forward_inputs(arch, **CAPTURE), config))
-    report = hfx.verify(_PeerProgram(exported), model, zoo.forward_inputs(arch, **NEW_SHAPE), atol=ATOL, rtol=RTOL)
+    report = hfx.verify(model, zoo.forward_inputs(arch, **NEW_SHAPE), _PeerProgram(exported), atol=ATOL, rtol=RTOL)
     return _forward_result(report, seconds)
 
 

@@ -56,8 +56,8 @@ def main() -> None:
     print(f"{'eager':<8} {base * 1e3:>9.2f} {1.0:>9.2f}  -")
     for runtime in args.runtimes.split(","):
         programs = LOWERINGS[runtime](parts)
-        tokens = hfx.generate(programs, **prompt, max_new_tokens=args.tokens)
-        per_token = _seconds(lambda: hfx.generate(programs, **prompt, max_new_tokens=args.tokens, eos_token_id=None)) / args.tokens
+        tokens = hfx.generate(prompt, programs, max_new_tokens=args.tokens)
+        per_token = _seconds(lambda: hfx.generate(prompt, programs, max_new_tokens=args.tokens, eos_token_id=None)) / args.tokens
         print(f"{runtime:<8} {per_token * 1e3:>9.2f} {per_token / base:>9.2f}  {torch.equal(tokens, expected)}")
 
 

@@ -47,7 +47,7 @@ def token_inputs(vocab: int, batch: int, sequence: int, seed: int) -> dict[str, 
 def file_mb(program: Any) -> float:
     """Size in MB of what ``hfx.save`` writes for ``program``."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = hfx.save(program, Path(tmp) / "p")
+        path = hfx.save(Path(tmp) / "p", program)
         return sum(f.stat().st_size for f in path.iterdir() if f.is_file()) / 1e6
 
 

@@ -18,7 +18,7 @@ print(f"lowered in {time.perf_counter() - start:.1f} s: {len(program.buffer) / 1
       f"{program.planned_bytes / 2**20:.1f} MiB planned for {dict(program.max_sizes)}")
 
 new_inputs = zoo.inputs("llama", batch=3, sequence=11)  # another batch and length, left padding in row 0
-report = hfx.verify(program, model, new_inputs)
+report = hfx.verify(model, new_inputs, program)
 print(report)
 
 try:
@@ -26,7 +26,7 @@ try:
 except hfx.InputError as exc:
     print("rejected:", exc, *exc.__notes__, sep="\n  ")
 
-directory = hfx.save(program, tempfile.mkdtemp() + "/llama-pte")  # hfx.json, model.pte
+directory = hfx.save(tempfile.mkdtemp() + "/llama-pte", program)  # hfx.json, model.pte
 loaded = hfx.load(directory)
 outputs = loaded(**new_inputs)
 print("loaded:", type(outputs).__name__, "logits", tuple(outputs.logits.shape), "from", directory)

@@ -28,7 +28,7 @@ programs = pipe(model, hfx.capture(zoo.inputs("llama", batch=2, sequence=7)), hf
 print(f"{runtime}: components {list(programs)} ready in {time.perf_counter() - start:.1f} s")
 
 prompt = zoo.inputs("llama", batch=2, sequence=9)  # row 0 is left-padded
-tokens = hfx.generate(programs, **prompt, max_new_tokens=20)
+tokens = hfx.generate(prompt, programs, max_new_tokens=20)
 with torch.no_grad():
     expected = model.generate(**prompt, max_new_tokens=20, do_sample=False)
 print("new tokens:", tokens[:, 9:].tolist())

@@ -19,10 +19,10 @@ print("inputs: ", [(v.name, [str(d) for d in v.shape]) for v in graph.inputs])
 print("outputs:", [(v.name, [str(d) for d in v.shape]) for v in graph.outputs])
 
 new_inputs = zoo.inputs("llama", batch=3, sequence=11)  # another batch and length, left padding in row 0
-report = hfx.verify(program, model, new_inputs)
+report = hfx.verify(model, new_inputs, program)
 print(report)
 
-directory = hfx.save(program, tempfile.mkdtemp() + "/llama-onnx")  # hfx.json, model.onnx, model.onnx.data
+directory = hfx.save(tempfile.mkdtemp() + "/llama-onnx", program)  # hfx.json, model.onnx, model.onnx.data
 loaded = hfx.load(directory)
 outputs = loaded(**new_inputs)
 print("loaded:", type(outputs).__name__, "logits", tuple(outputs.logits.shape), "from", directory)

@@ -25,10 +25,10 @@ def main(directory: Path) -> None:
 
     # Another batch size and sequence length than the capture, with a left-padded first row.
     new = zoo.inputs("llama", batch=3, sequence=11)
-    report = hfx.verify(program, model, new)
+    report = hfx.verify(model, new, program)
     print(report)
 
-    path = hfx.save(program, directory / "llama-openvino", overwrite=True)
+    path = hfx.save(directory / "llama-openvino", program, overwrite=True)
     print(f"saved {sorted(p.name for p in path.iterdir())} to {path}")
     loaded = hfx.load(path)
     logits = loaded(**new).logits

@@ -32,9 +32,9 @@ for name, program in programs.items():
 
 # Decomposed models: per-component calibration inputs, recorded from the model's own generate().
 parts = pipe(model, hfx.capture(zoo.inputs("llama", batch=2, sequence=7)), hfx.decompose, hfx.export)
-per_component = hfx.calibration_inputs(parts, model, calibration)  # {"prefill": [...], "decode": [...]}
+per_component = hfx.calibration_inputs(model, calibration, parts)  # {"prefill": [...], "decode": [...]}
 quantized = pipe(parts, hfx.lower_to_ov, hfx.quantize_ov(mode="int8-static", calibration=per_component))
-directory = hfx.save(quantized, tempfile.mkdtemp() + "/llama-ov-int8")
+directory = hfx.save(tempfile.mkdtemp() + "/llama-ov-int8", quantized)
 loaded = hfx.load(directory)
 print("manifest meta:", dict(loaded.meta.quantization))
-print("tokens:", hfx.generate(loaded, **calibration[0], max_new_tokens=8).tolist())
+print("tokens:", hfx.generate(calibration[0], loaded, max_new_tokens=8).tolist())

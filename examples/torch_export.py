@@ -12,10 +12,10 @@ exported = pipe(model, hfx.capture(zoo.inputs("llama", batch=2, sequence=7)), hf
 print("inputs:", [(s.name, s.shape) for s in exported.io.inputs])
 
 new_inputs = zoo.inputs("llama", batch=3, sequence=11)
-report = hfx.verify(exported, model, new_inputs)
+report = hfx.verify(model, new_inputs, exported)
 print(report)
 
-directory = hfx.save(exported, tempfile.mkdtemp() + "/llama-pt2")
+directory = hfx.save(tempfile.mkdtemp() + "/llama-pt2", exported)
 loaded = hfx.load(directory)
 print("loaded:", type(loaded(**new_inputs)).__name__, "from", directory)
 assert report.passed

@@ -20,13 +20,25 @@ class LoweringError(HfxError, RuntimeError):
     """An exported program could not be lowered to, or run on, a runtime."""
 
 
-class ComponentError(HfxError, RuntimeError):
-    """A stage failed on one component of a ``Components`` record."""
+class ComponentError(HfxError, KeyError):
+    """A mapping keyed by component name has no entry for a component of a ``Components`` record.
 
-    def __init__(self, component: str, stage: str, cause: BaseException) -> None:
-        self.component = component
-        self.stage = stage
-        super().__init__(f"{stage} failed on component {component!r}: {cause}")
+    Raised before any work by ``by_component`` (no stage for a component) and by
+    ``verify`` (no inputs for a component). A stage that *fails* on one component
+    does not raise this: ``per_component`` and ``by_component`` re-raise the
+    stage's own error (``CaptureError``, ``InputError``, ``ValueError`` ...) with
+    a note naming the component and the stage (``exc.__notes__``).
+
+    Attributes:
+        components: the names of the components that had no entry.
+    """
+
+    def __init__(self, message: str, *, components: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.components = components
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # KeyError's own str is the repr of its argument
 
 
 class PatchError(HfxError, RuntimeError):
@@ -41,3 +53,14 @@ def describe(stage: str, model: object, component: str, what: str, todo: str) ->
     """Return the one-paragraph message hfx errors use: stage, component, model, cause, remedy."""
     model_name = model if isinstance(model, str) else type(model).__name__
     return f"[{stage}] component {component!r} of {model_name}: {what} {todo}".strip()
+
+
+def argument_error(call: str, argument: str, wanted: str, got: object) -> TypeError:
+    """The ``TypeError`` for an argument of the wrong kind, showing the call's order (a swapped call reads as one).
+
+    Example:
+        >>> str(argument_error("save(directory, program)", "directory", "a path", object()))
+        'save: directory must be a path, got object; call save(directory, program)'
+    """
+    stage = call.split("(", 1)[0]
+    return TypeError(f"{stage}: {argument} must be {wanted}, got {type(got).__name__}; call {call}")

@@ -15,12 +15,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from toolz import curry
 from torch.utils import _pytree as pytree
 
 from hfx._capture.positions import next_positions, prompt_positions, text_positions
 from hfx._capture.vision_inputs import computed_vision_inputs
 from hfx._contract import input_keys, load_spec
-from hfx._errors import InputError
+from hfx._errors import InputError, argument_error
 from hfx._pytree import spec_caches
 from hfx._records import Components, EncoderInputs
 
@@ -78,7 +79,9 @@ def _eos_ids(value: Any) -> set[int]:
     return {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}
 
 
+@curry
 def generate(
+    inputs: Mapping[str, Any],
     programs: Components,
     /,
     *,
@@ -90,11 +93,15 @@ def generate(
     seed: int | None = None,
     eos_token_id: Any = _UNSET,
     pad_token_id: Any = _UNSET,
-    **inputs: Any,
 ) -> torch.Tensor:
     """Generate token ids with exported programs, like ``model.generate(**inputs)``.
 
+    ``generate(prompt, max_new_tokens=8)`` alone is a stage ``programs -> token ids``:
+    ``pipe(model, capture(inputs), decompose, lower_to_onnx, generate(prompt))``.
+
     Args:
+        inputs: the prompt, the generate inputs (``input_ids``, ``attention_mask``,
+            ``pixel_values``, ``input_features`` ...); not changed.
         programs: ``Components`` from ``decompose`` (then ``export`` or a lowering):
             ``decode`` plus ``prefill`` (or a multi-token ``decode`` alone), and
             ``encoder`` for encoder-decoder models; any runtime.
@@ -106,7 +113,6 @@ def generate(
         seed: seeds the sampler (same seed, same tokens).
         eos_token_id: default to the model's generation config.
         pad_token_id: default to the model's generation config.
-        **inputs: the generate inputs (``input_ids``, ``attention_mask``, ``input_features`` ...).
 
     Returns:
         Token ids: the prompt plus the new tokens for decoder-only models, the
@@ -114,6 +120,7 @@ def generate(
         that reached EOS is padded with ``pad_token_id``, as in transformers.
 
     Raises:
+        TypeError: ``inputs`` is not a mapping or ``programs`` not ``Components`` (the arguments swapped).
         InputError: ``programs`` lacks a decode component, or a component takes an input generate cannot build.
 
     Example:
@@ -121,12 +128,13 @@ def generate(
         >>> from hfx import zoo
         >>> model = zoo.build("llama")
         >>> parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model)))
-        >>> ids = generate(parts, **zoo.inputs("llama", batch=1, sequence=4), max_new_tokens=3)
+        >>> ids = generate(zoo.inputs("llama", batch=1, sequence=4), parts, max_new_tokens=3)
         >>> ids.shape
         torch.Size([1, 7])
     """
-    if not isinstance(programs, Components) or "decode" not in programs:
-        msg = "generate takes the Components of decompose (with a 'decode' component), exported or lowered"
+    _check_order(inputs, programs)
+    if "decode" not in programs:
+        msg = f"generate takes the Components of decompose (with a 'decode' component), exported or lowered; got {list(programs)}"
         raise InputError(msg)
     meta = programs.meta
     settings = meta.generation.config
@@ -144,6 +152,15 @@ def generate(
         if meta.generation.is_encoder_decoder:
             return _generate_encoder_decoder(programs, state, max_new_tokens, eos, pad, choose)
         return _generate_decoder_only(programs, state, max_new_tokens, eos, pad, choose, features)
+
+
+def _check_order(inputs: Any, programs: Any) -> None:
+    """Raise ``TypeError`` when ``generate(inputs, programs)`` got its arguments swapped or of the wrong kind."""
+    call = "generate(inputs, programs)"
+    if isinstance(inputs, Components) or not isinstance(inputs, Mapping):
+        raise argument_error(call, "inputs", "a mapping of generate inputs (input_ids ...)", inputs)
+    if not isinstance(programs, Components):
+        raise argument_error(call, "programs (the last argument)", "the Components of decompose", programs)
 
 
 def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> dict[str, Any]:

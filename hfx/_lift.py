@@ -15,58 +15,88 @@ Stage = Callable[..., Any]
 S = TypeVar("S", bound=Stage)
 
 
-def per_component(stage: S) -> S:
+def per_component(stage: S, /, *, name: str | None = None) -> S:
     """Make ``stage`` map itself over a ``Components`` subject, one component at a time.
 
-    The subject is the stage's first positional argument; keyword options are
-    passed to every component alike. A failure is re-raised as ``ComponentError``
-    naming the component and the stage.
+    The subject is the stage's last positional argument; the positional data
+    before it and the keyword options are passed to every component alike. A
+    failure keeps its own type (``CaptureError``, ``InputError``, ``ValueError``
+    ...) and gains a note naming the component and the stage
+    (``exc.__notes__``: ``"in component 'decode' of lower_to_pte"``).
 
-    >>> def double(x, /, *, by=2):
-    ...     return x * by
-    >>> lifted = per_component(double)
-    >>> dict(lifted(Components(items={"a": 1, "b": 2}), by=3))
-    {'a': 3, 'b': 6}
-    >>> lifted(5)
-    10
+    Args:
+        stage: a function whose last positional argument is one record.
+        name: the stage's name in the note (default: ``stage.__name__``), for a
+            public stage that lifts a private helper.
+
+    Returns:
+        The stage, taking one record or ``Components`` of them (then returning ``Components``).
+
+    Example:
+        >>> def scale(by, x, /, *, plus=0):
+        ...     return x * by + plus
+        >>> lifted = per_component(scale)
+        >>> dict(lifted(3, Components(items={"a": 1, "b": 2}), plus=1))
+        {'a': 4, 'b': 7}
+        >>> lifted(2, 5)
+        10
     """
+    label = name or _stage_name(stage)
 
     @functools.wraps(stage)
-    def lifted(subject: Any, /, *args: Any, **options: Any) -> Any:
-        if not isinstance(subject, Components):
-            return stage(subject, *args, **options)
-        mapped = {key: _named(key, stage, value, args, options) for key, value in subject.items()}
-        return attrs.evolve(subject, items=mapped)
+    def lifted(*args: Any, **options: Any) -> Any:
+        if not args or not isinstance(args[-1], Components):
+            return stage(*args, **options)  # also the stage's own TypeError for a missing subject, which curry reads
+        *data, subject = args
+        items = {key: _named(key, label, lambda v: stage(*data, v, **options), value) for key, value in subject.items()}
+        return attrs.evolve(subject, items=items)
 
     return lifted  # type: ignore[return-value]
 
 
-def _named(key: str, stage: Stage, value: Any, args: tuple[Any, ...], options: Mapping[str, Any]) -> Any:
-    """Run ``stage`` on one component, naming the component in any failure."""
+def _named(key: str, stage: str, run: Callable[[Any], Any], value: Any) -> Any:
+    """``run(value)``, a failure noted with the component ``key`` and the ``stage`` it failed in."""
     try:
-        return stage(value, *args, **options)
-    except ComponentError:
-        raise
+        return run(value)
     except Exception as exc:
-        raise ComponentError(key, stage.__name__, exc) from exc
+        exc.add_note(f"in component {key!r} of {stage}")
+        raise
+
+
+def _stage_name(stage: Stage) -> str:
+    """A stage's name for a note: its ``__name__``, or that of the function a ``partial`` binds."""
+    return getattr(stage, "__name__", None) or getattr(getattr(stage, "func", None), "__name__", None) or repr(stage)
 
 
 def by_component(stages: Mapping[str, Stage]) -> Callable[[Components], Components]:
     """Return a stage that runs ``stages[name]`` on each component (like ``optax.partition``).
 
-    >>> inc = by_component({"a": lambda x: x + 1, "b": lambda x: x - 1})
-    >>> dict(inc(Components(items={"a": 1, "b": 1})))
-    {'a': 2, 'b': 0}
+    Args:
+        stages: component name -> the stage for that component (a curried stage with its options bound).
+
+    Returns:
+        A stage ``Components -> Components``. A failure keeps its type and gains a
+        note naming the component and the stage, as with ``per_component``.
+
+    Raises:
+        ComponentError: the ``Components`` hold a component ``stages`` has no stage for
+            (before any stage runs).
+
+    Example:
+        >>> inc = by_component({"a": lambda x: x + 1, "b": lambda x: x - 1})
+        >>> dict(inc(Components(items={"a": 1, "b": 1})))
+        {'a': 2, 'b': 0}
     """
     stages = dict(stages)
 
     def run(components: Components) -> Components:
-        unknown = set(components) - set(stages)
+        unknown = [key for key in components if key not in stages]
         if unknown:
-            msg = f"by_component has no stage for component(s) {sorted(unknown)}; known: {sorted(stages)}"
-            raise KeyError(msg)
+            msg = f"by_component has no stage for component(s) {unknown}; it has stages for {sorted(stages)}"
+            raise ComponentError(msg, components=tuple(unknown))
         return attrs.evolve(
-            components, items={key: _named(key, stages[key], value, (), {}) for key, value in components.items()}
+            components,
+            items={key: _named(key, _stage_name(stages[key]), stages[key], value) for key, value in components.items()},
         )
 
     return run

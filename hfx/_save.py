@@ -11,8 +11,10 @@ from types import MappingProxyType
 from typing import Any
 
 import attrs
+from toolz import curry
 
 from hfx._atomic import staged_directory
+from hfx._errors import argument_error
 from hfx._records import Components, GenerationMeta, IoSpec
 
 SCHEMA_VERSION = 2  # 2: ``meta`` is a ``GenerationMeta``'s JSON (1: a flat dict, still read)
@@ -37,9 +39,10 @@ def _runtime_module(kind: str) -> Any:
     return importlib.import_module(_RUNTIME_MODULES[kind])
 
 
+@curry
 def save(
-    program: Any,
     directory: str | os.PathLike[str],
+    program: Any,
     /,
     *,
     overwrite: bool = False,
@@ -57,9 +60,12 @@ def save(
     Files are written to a temporary directory next to the target and moved in
     at the end, so a failed save leaves nothing behind.
 
+    ``save(directory)`` alone is a stage ``program -> Path``:
+    ``pipe(model, capture(inputs), lower_to_onnx, save("out/model"))``.
+
     Args:
-        program: an ``Exported``, ``OnnxProgram``, ``PteProgram``, ``OvProgram`` or ``Components``.
         directory: where to save; must not exist unless ``overwrite``.
+        program: an ``Exported``, ``OnnxProgram``, ``PteProgram``, ``OvProgram`` or ``Components``.
         overwrite: replace an existing directory.
         processor: a tokenizer or processor (``save_pretrained``) to keep with the
             programs; defaults to ``program.processor`` for ``Components``.
@@ -70,15 +76,18 @@ def save(
         The directory's path.
 
     Raises:
+        TypeError: ``directory`` is not a path, or ``program`` is one (the arguments in the wrong order),
+            or ``program`` is not a program hfx saves.
         FileExistsError: ``directory`` exists and ``overwrite`` is false.
 
     Example:
         >>> import torch, tempfile, hfx
         >>> ex = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 1)))
-        >>> path = save(ex, tempfile.mkdtemp() + "/linear")
+        >>> path = save(tempfile.mkdtemp() + "/linear", ex)
         >>> load(path)(input=torch.ones(4, 3)).shape
         torch.Size([4, 1])
     """
+    _check_order(directory, program)
     target = Path(directory)
     components = program if isinstance(program, Components) else Components(items={program.name: program})
     if meta:
@@ -91,6 +100,15 @@ def save(
             manifest["processor"] = PROCESSOR
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return target
+
+
+def _check_order(directory: Any, program: Any) -> None:
+    """Raise ``TypeError`` when ``save(directory, program)`` got its arguments swapped or no path."""
+    call = "save(directory, program)"
+    if isinstance(program, (str, os.PathLike)):
+        raise argument_error(call, "program (the last argument)", "a program or Components", program)
+    if not isinstance(directory, (str, os.PathLike)):
+        raise argument_error(call, "directory", "a path (str or os.PathLike)", directory)
 
 
 def _write_components(components: Components, staging: Path, *, single: bool) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import attrs
 import torch
 from toolz import curry
 
+from hfx._errors import ComponentError, argument_error
 from hfx._pytree import named_leaves
 from hfx._records import Components
 
@@ -70,20 +71,20 @@ def _diff(name: str, got: torch.Tensor, want: torch.Tensor) -> OutputDiff:
 
 @curry
 def verify(
-    program: Any, model: torch.nn.Module, inputs: Mapping[str, Any], /, *, atol: float = 1e-4, rtol: float = 0.0
+    model: torch.nn.Module, inputs: Mapping[str, Any], program: Any, /, *, atol: float = 1e-4, rtol: float = 0.0
 ) -> Report:
     """Compare ``program(**inputs)`` with ``model(**inputs)`` output by output.
 
     Use inputs of another batch size and sequence length than the capture to
     check that the dynamic shapes hold. The model runs in eval mode under
     ``no_grad`` with the constants the program baked in (``use_cache=False`` …);
-    neither the model nor ``inputs`` is changed.
+    neither the model nor ``inputs`` is changed. ``verify(model, inputs)`` alone
+    is a stage ``program -> Report``: ``pipe(model, capture(inputs), lower_to_onnx, verify(model, new))``.
 
     Args:
-        program: an ``Exported`` or a runtime program (or ``Components`` of them, with
-            ``inputs`` a mapping of component name to inputs).
         model: the eager model the program was exported from.
-        inputs: keyword arguments for both.
+        inputs: keyword arguments for both (for ``Components``: component name -> inputs).
+        program: an ``Exported`` or a runtime program, or ``Components`` of them.
         atol: the largest absolute difference that passes.
         rtol: adds ``rtol`` times each output's largest eager magnitude to ``atol``
             (logits of a real model are large: their float32 noise grows with them).
@@ -91,15 +92,25 @@ def verify(
     Returns:
         A ``Report`` (``Components`` of them for ``Components``).
 
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, ``inputs`` not a mapping, or
+            ``program`` a model or a mapping (the arguments in the wrong order).
+        ComponentError: ``program`` is ``Components`` and ``inputs`` has no entry for one of them.
+
     Example:
         >>> import torch
         >>> from hfx import capture, export
         >>> lin = torch.nn.Linear(3, 2)
-        >>> verify(export(capture({"input": torch.ones(1, 3)}, lin)), lin, {"input": torch.ones(4, 3)}).passed
+        >>> verify(lin, {"input": torch.ones(4, 3)}, export(capture({"input": torch.ones(1, 3)}, lin))).passed
         True
     """
+    _check_order(model, inputs, program)
     if isinstance(program, Components):
-        return Components(items={k: verify(p, model, inputs[k], atol=atol, rtol=rtol) for k, p in program.items()})
+        missing = [k for k in program if k not in inputs]
+        if missing:
+            msg = f"verify: inputs has no entry for component(s) {missing}; for Components pass {{component: inputs}} for {list(program)}"
+            raise ComponentError(msg, components=tuple(missing))
+        return Components(items={k: verify(model, inputs[k], p, atol=atol, rtol=rtol) for k, p in program.items()})
     got = program(**copy.deepcopy(dict(inputs)))  # a static cache is written in place (io.updates)
     want = eager_outputs(model, {**copy.deepcopy(dict(inputs)), **program.io.constants})
     got_leaves = dict(named_leaves({"": got}))
@@ -111,6 +122,18 @@ def verify(
     diffs += [OutputDiff(name=n.removeprefix("."), shape=(), max_abs=float("inf"), max_rel=float("inf")) for n in missing]
     label = f"{type(program).__name__}({getattr(program, 'name', 'model')})"
     return Report(program=label, atol=atol, rtol=rtol, diffs=diffs)
+
+
+def _check_order(model: Any, inputs: Any, program: Any) -> None:
+    """Raise ``TypeError`` naming the argument that is not what ``verify(model, inputs, program)`` takes."""
+    call = "verify(model, inputs, program)"
+    if isinstance(program, torch.nn.Module) or (isinstance(program, Mapping) and not isinstance(program, Components)):
+        wanted = "an Exported, a runtime program or Components, not the model or its inputs"
+        raise argument_error(call, "program (the last argument)", wanted, program)
+    if not isinstance(model, torch.nn.Module):
+        raise argument_error(call, "model", "the eager torch.nn.Module", model)
+    if not isinstance(inputs, Mapping):
+        raise argument_error(call, "inputs", "a mapping of keyword arguments", inputs)
 
 
 def _with_joined_lists(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from toolz import pipe
 
 import hfx
 from hfx import zoo
@@ -21,19 +22,19 @@ def test_greedy_matches_eager_on_a_new_padded_batch(generative, name):
     inputs = zoo.inputs(name, batch=2, sequence=9)
     expected = eager_tokens(model, inputs, NEW_TOKENS[name])
     assert _distinct_tokens(expected) > 4  # a degenerate model would make the comparison meaningless
-    assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=NEW_TOKENS[name]), expected)
+    assert torch.equal(hfx.generate(inputs, parts, max_new_tokens=NEW_TOKENS[name]), expected)
 
 
 def test_greedy_matches_eager_at_batch_one(generative):
     model, parts = generative("llama")
     inputs = zoo.inputs("llama", batch=1, sequence=6)
-    assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=32), eager_tokens(model, inputs, 32))
+    assert torch.equal(hfx.generate(inputs, parts, max_new_tokens=32), eager_tokens(model, inputs, 32))
 
 
 def test_without_a_mask_the_full_mask_is_assumed(generative):
     model, parts = generative("llama")
     ids = zoo.inputs("llama", batch=1, sequence=5)["input_ids"]
-    assert torch.equal(hfx.generate(parts, input_ids=ids, max_new_tokens=8), eager_tokens(model, {"input_ids": ids}, 8))
+    assert torch.equal(hfx.generate({"input_ids": ids}, parts, max_new_tokens=8), eager_tokens(model, {"input_ids": ids}, 8))
 
 
 def test_eos_stops_and_pads_like_transformers(generative):
@@ -43,16 +44,16 @@ def test_eos_stops_and_pads_like_transformers(generative):
     eos = int(expected[0, 9 + 2])  # a token row 0 produces early
     with torch.no_grad():
         expected = model.generate(**inputs, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0)
-    ours = hfx.generate(parts, **inputs, max_new_tokens=12, eos_token_id=eos, pad_token_id=0)
+    ours = hfx.generate(inputs, parts, max_new_tokens=12, eos_token_id=eos, pad_token_id=0)
     assert torch.equal(ours, expected)
 
 
 def test_seeded_sampling_is_reproducible_and_differs_from_greedy(generative):
     _, parts = generative("llama")
     inputs = zoo.inputs("llama", batch=2, sequence=6)
-    first = hfx.generate(parts, **inputs, max_new_tokens=12, do_sample=True, temperature=1.5, top_k=50, seed=7)
-    again = hfx.generate(parts, **inputs, max_new_tokens=12, do_sample=True, temperature=1.5, top_k=50, seed=7)
-    greedy = hfx.generate(parts, **inputs, max_new_tokens=12)
+    first = hfx.generate(inputs, parts, max_new_tokens=12, do_sample=True, temperature=1.5, top_k=50, seed=7)
+    again = hfx.generate(inputs, parts, max_new_tokens=12, do_sample=True, temperature=1.5, top_k=50, seed=7)
+    greedy = hfx.generate(inputs, parts, max_new_tokens=12)
     assert torch.equal(first, again)
     assert not torch.equal(first, greedy)
     assert int(first.max()) < 256 and int(first.min()) >= 0
@@ -61,20 +62,20 @@ def test_seeded_sampling_is_reproducible_and_differs_from_greedy(generative):
 def test_top_p_keeps_only_the_nucleus(generative):
     _, parts = generative("llama")
     inputs = zoo.inputs("llama", batch=1, sequence=6)
-    nucleus = hfx.generate(parts, **inputs, max_new_tokens=6, do_sample=True, top_p=1e-6, seed=3)
-    assert torch.equal(nucleus, hfx.generate(parts, **inputs, max_new_tokens=6))  # top_p -> 0 is greedy
+    nucleus = hfx.generate(inputs, parts, max_new_tokens=6, do_sample=True, top_p=1e-6, seed=3)
+    assert torch.equal(nucleus, hfx.generate(inputs, parts, max_new_tokens=6))  # top_p -> 0 is greedy
 
 
 def test_generate_needs_a_decode_component(exported):
     with pytest.raises(hfx.InputError, match="decode"):
-        hfx.generate(hfx.Components(items={"model": exported("bert")}), input_ids=torch.ones(1, 2, dtype=torch.long))
+        hfx.generate({"input_ids": torch.ones(1, 2, dtype=torch.long)}, hfx.Components(items={"model": exported("bert")}))
 
 
 @pytest.mark.parametrize(("batch", "sequence"), [(1, 1), (2, 2), (3, 4)])
 def test_small_sizes_match_eager(generative, batch, sequence):
     model, parts = generative("llama")
     inputs = zoo.inputs("llama", batch=batch, sequence=sequence)  # a past of 1: below the traced sizes
-    assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=8), eager_tokens(model, inputs, 8))
+    assert torch.equal(hfx.generate(inputs, parts, max_new_tokens=8), eager_tokens(model, inputs, 8))
 
 
 def test_multi_token_decode_alone_prefills_and_decodes(models):
@@ -84,7 +85,7 @@ def test_multi_token_decode_alone_prefills_and_decodes(models):
     assert parts["decode"].io.bounds["past_sequence"][0] == 0
     for batch, sequence in ((1, 1), (2, 9)):
         inputs = zoo.inputs("llama", batch=batch, sequence=sequence)
-        assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=10), eager_tokens(model, inputs, 10))
+        assert torch.equal(hfx.generate(inputs, parts, max_new_tokens=10), eager_tokens(model, inputs, 10))
     # a block of speculative tokens: three new tokens over a cache, in one call, with every token's logits
     decode = parts["decode"]
     full = eager_tokens(model, zoo.inputs("llama", batch=1, sequence=6), 3)
@@ -111,7 +112,7 @@ def test_static_cache_is_updated_in_place_and_matches_eager(models):
     inputs = zoo.inputs("llama", batch=3, sequence=9)
     with torch.no_grad():
         expected = model.generate(**inputs, max_new_tokens=16, do_sample=False, generation_config=config)
-    assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=16), expected)
+    assert torch.equal(hfx.generate(inputs, parts, max_new_tokens=16), expected)
 
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl"])
@@ -120,7 +121,7 @@ def test_packed_image_models_match_eager_on_new_image_sizes(models, name):
     parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=5), model)))
     for batch, text, grid in ((1, 4, (1, 4, 4)), (3, 7, (1, 4, 6)), (2, 3, (1, 2, 2))):  # new image sizes, left padding
         inputs = packed_image_inputs(model.config, batch, text, grid)
-        assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=12), eager_tokens(model, inputs, 12))
+        assert torch.equal(hfx.generate(inputs, parts, max_new_tokens=12), eager_tokens(model, inputs, 12))
 
 
 @pytest.mark.parametrize("name", ["paligemma", "gemma3"])
@@ -132,4 +133,32 @@ def test_token_type_models_match_eager_padded_and_unpadded(models, name):
     for batch, sequence in ((3, 8), (1, 6)):
         inputs = zoo.inputs(name, batch=batch, sequence=sequence)
         assert "token_type_ids" in inputs
-        assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=10), eager_tokens(model, inputs, 10))
+        assert torch.equal(hfx.generate(inputs, parts, max_new_tokens=10), eager_tokens(model, inputs, 10))
+
+
+def test_generate_prompt_is_a_stage_that_pipes(generative):
+    model, parts = generative("llama")
+    prompt = zoo.inputs("llama", batch=2, sequence=6)
+    expected = eager_tokens(model, prompt, 8)
+    assert torch.equal(hfx.generate(prompt, max_new_tokens=8)(parts), expected)
+    assert torch.equal(pipe(parts, hfx.generate(prompt, max_new_tokens=8)), expected)
+
+
+def test_generate_leaves_the_prompt_mapping_unchanged(generative):
+    _, parts = generative("llama")
+    prompt = zoo.inputs("llama", batch=1, sequence=5)
+    before = dict(prompt)
+    hfx.generate(prompt, parts, max_new_tokens=3)
+    assert prompt.keys() == before.keys() and all(prompt[k] is before[k] for k in prompt)
+
+
+def test_the_old_calls_are_type_errors(generative):
+    _, parts = generative("llama")
+    prompt = zoo.inputs("llama", batch=1, sequence=5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'input_ids'"):
+        hfx.generate(parts, **prompt, max_new_tokens=3)
+    with pytest.raises(TypeError, match=r"inputs must be a mapping of generate inputs .*got Components; "
+                                        r"call generate\(inputs, programs\)"):
+        hfx.generate(parts, prompt, max_new_tokens=3)
+    with pytest.raises(TypeError, match=r"programs \(the last argument\) must be the Components of decompose, got Exported"):
+        hfx.generate(prompt, parts["decode"])

@@ -20,7 +20,7 @@ def test_greedy_matches_eager(generative, name, batch, sequence):
     inputs = zoo.inputs(name, batch=batch, sequence=sequence)
     expected = eager_tokens(model, inputs, NEW_TOKENS)
     assert int(expected[:, sequence:].unique().numel()) > 4  # a degenerate model would make the comparison meaningless
-    assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=NEW_TOKENS), expected)
+    assert torch.equal(hfx.generate(inputs, parts, max_new_tokens=NEW_TOKENS), expected)
 
 
 @pytest.mark.parametrize("name", SSM_MODELS)
@@ -39,7 +39,7 @@ def test_prefill_keeps_batch_and_sequence_dynamic(generative, name):
 def test_prompts_shorter_than_the_kernel_and_across_chunks_match_eager(generative, name, batch, sequence):
     model, parts = generative(name)  # conv kernel 4, Mamba 2 chunks of 8
     inputs = zoo.inputs(name, batch=batch, sequence=sequence)
-    assert torch.equal(hfx.generate(parts, **inputs, max_new_tokens=8), eager_tokens(model, inputs, 8))
+    assert torch.equal(hfx.generate(inputs, parts, max_new_tokens=8), eager_tokens(model, inputs, 8))
 
 
 def test_mamba_decode_takes_the_states_and_no_mask(generative):
@@ -55,8 +55,8 @@ def test_a_left_padded_row_generates_what_it_generates_alone(generative):
     inputs = zoo.inputs("mamba", batch=2, sequence=9)
     padding = int((inputs["attention_mask"][0] == 0).sum())
     assert padding > 0
-    padded = hfx.generate(parts, **inputs, max_new_tokens=8)[0, 9:]
-    alone = hfx.generate(parts, input_ids=inputs["input_ids"][:1, padding:], max_new_tokens=8)[0, 9 - padding:]
+    padded = hfx.generate(inputs, parts, max_new_tokens=8)[0, 9:]
+    alone = hfx.generate({"input_ids": inputs["input_ids"][:1, padding:]}, parts, max_new_tokens=8)[0, 9 - padding:]
     assert torch.equal(padded, alone)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
+from toolz import curry, pipe
 
 import hfx
 from hfx import ComponentError, Components, by_component, per_component
@@ -21,14 +24,36 @@ def test_per_component_leaves_a_single_record_alone():
     assert per_component(_double)(3) == 6
 
 
-def test_per_component_names_the_failing_component():
+def test_per_component_keeps_the_error_type_and_notes_the_component():
     def fail(x, /):
         raise ValueError("bad value")
 
-    with pytest.raises(ComponentError, match=r"fail failed on component 'decode': bad value") as info:
-        per_component(fail)(Components(items={"decode": 1}))
-    assert isinstance(info.value.__cause__, ValueError)
-    assert info.value.component == "decode"
+    with pytest.raises(ValueError) as info:
+        per_component(fail)(Components(items={"prefill": 0, "decode": 1}))
+    assert str(info.value) == "bad value"  # the message is the stage's own; the component is a note
+    assert info.value.__notes__ == ["in component 'prefill' of fail"]
+
+
+def test_per_component_lifts_the_last_positional_argument():
+    def scale(by, x, /):
+        return x * by
+
+    out = per_component(scale)(3, Components(items={"a": 1, "b": 2}))
+    assert dict(out) == {"a": 3, "b": 6}
+
+
+def test_per_component_under_curry_pre_binds_data_and_options():
+    stage = curry(per_component(lambda by, x, /, *, plus=0: x * by + plus))
+    assert dict(pipe(Components(items={"a": 1}), stage(2, plus=1))) == {"a": 3}
+
+
+def test_a_domain_error_reaches_the_caller_with_its_type():
+    def fail(x, /):
+        raise hfx.CaptureError("no graph")
+
+    with pytest.raises(hfx.CaptureError) as info:
+        per_component(fail, name="export")(Components(items={"decode": 1}))
+    assert info.value.__notes__ == ["in component 'decode' of export"]
 
 
 def test_components_is_read_only_and_input_unchanged():
@@ -43,8 +68,19 @@ def test_components_is_read_only_and_input_unchanged():
 def test_by_component_runs_one_stage_per_name_and_rejects_unknown():
     stage = by_component({"a": lambda x: x + 1})
     assert dict(stage(Components(items={"a": 1}))) == {"a": 2}
-    with pytest.raises(KeyError, match="no stage for component"):
-        stage(Components(items={"b": 1}))
+    with pytest.raises(ComponentError, match=r"^by_component has no stage for component\(s\) \['b'\]") as info:
+        stage(Components(items={"a": 1, "b": 1}))
+    assert info.value.components == ("b",) and isinstance(info.value, KeyError)
+
+
+def test_by_component_notes_the_component_and_the_stage():
+    def fail(x, /, *, why):
+        raise hfx.InputError(why)
+
+    stage = by_component({"a": lambda x: x, "b": functools.partial(fail, why="too long")})
+    with pytest.raises(hfx.InputError) as info:
+        stage(Components(items={"a": 1, "b": 2}))
+    assert str(info.value) == "too long" and info.value.__notes__ == ["in component 'b' of fail"]
 
 
 def test_components_repr_names_record_types():

@@ -42,7 +42,7 @@ def _stages():
         "lower_to_onnx": lowering("lower_to_onnx", "onnxruntime"),
         "lower_to_pte": lowering("lower_to_pte", "executorch"),
         "lower_to_ov": lowering("lower_to_ov", "openvino"),
-        "verify": lambda model, inputs: hfx.verify(hfx.export(hfx.capture(inputs, model)), model, inputs),
+        "verify": lambda model, inputs: hfx.verify(model, inputs, hfx.export(hfx.capture(inputs, model))),
     }
 
 

@@ -123,7 +123,7 @@ def llama(generative) -> Llama:
 
 @pytest.fixture(scope="module")
 def saved(llama, tmp_path_factory) -> Any:
-    return hfx.save(llama.exported, tmp_path_factory.mktemp("saved") / "llama")
+    return hfx.save(tmp_path_factory.mktemp("saved") / "llama", llama.exported)
 
 
 def _raise(*args: Any, **kwargs: Any) -> Any:
@@ -144,9 +144,9 @@ _STAGES: dict[str, Callable[[Llama, Any, Any], Any]] = {
     "lower_to_onnx": lambda ll, saved, tmp: hfx.lower_to_onnx(ll.exported["decode"]),
     "lower_to_ov": lambda ll, saved, tmp: hfx.lower_to_ov(ll.exported["decode"]),
     "lower_to_pte": lambda ll, saved, tmp: hfx.lower_to_pte(ll.exported["decode"]),  # one component: the slow one
-    "verify": lambda ll, saved, tmp: hfx.verify(ll.exported["decode"], ll.model, ll.decode_inputs),
-    "generate": lambda ll, saved, tmp: hfx.generate(ll.exported, **ll.prompt, max_new_tokens=3),
-    "save": lambda ll, saved, tmp: hfx.save(ll.exported, tmp / "saved"),
+    "verify": lambda ll, saved, tmp: hfx.verify(ll.model, ll.decode_inputs, ll.exported["decode"]),
+    "generate": lambda ll, saved, tmp: hfx.generate(ll.prompt, ll.exported, max_new_tokens=3),
+    "save": lambda ll, saved, tmp: hfx.save(tmp / "saved", ll.exported),
     "load": lambda ll, saved, tmp: hfx.load(saved),
     "call": lambda ll, saved, tmp: ll.exported["decode"](**ll.decode_inputs),
     "call_loaded": lambda ll, saved, tmp: hfx.load(saved)["decode"](**ll.decode_inputs),
@@ -195,9 +195,9 @@ _FAILURES = (
     Failure(id="lower_to_pte-edge-raising", stage="lower_to_pte",
             raising="executorch.exir.to_edge_transform_and_lower", error=hfx.LoweringError, match="injected"),
     Failure(id="verify-bad-input", error=hfx.InputError, match="position_ids",
-            run=lambda ll: hfx.verify(ll.exported["decode"], ll.model, _without_position_ids(ll))),
+            run=lambda ll: hfx.verify(ll.model, _without_position_ids(ll), ll.exported["decode"])),
     Failure(id="generate-bad-input", error=hfx.InputError, match="'input_ids' must be int64",
-            run=lambda ll: hfx.generate(ll.exported, **{**ll.prompt, "input_ids": ll.prompt["input_ids"].float()})),
+            run=lambda ll: hfx.generate({**ll.prompt, "input_ids": ll.prompt["input_ids"].float()}, ll.exported)),
     Failure(id="save-torch-save-raising", stage="save", raising="torch.export.save", error=RuntimeError,
             match="injected"),
     Failure(id="load-torch-load-raising", stage="load", raising="torch.export.load", error=RuntimeError,

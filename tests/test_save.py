@@ -7,6 +7,7 @@ import json
 import attrs
 import pytest
 import torch
+from toolz import pipe
 
 import hfx
 from hfx._save import MANIFEST, SCHEMA_VERSION
@@ -14,7 +15,7 @@ from tests.helpers import new_inputs, schema_1_meta
 
 
 def test_round_trip_of_an_exported_program(exported, tmp_path):
-    path = hfx.save(exported("llama"), tmp_path / "llama")
+    path = hfx.save(tmp_path / "llama", exported("llama"))
     manifest = json.loads((path / MANIFEST).read_text())
     assert manifest["schema_version"] == SCHEMA_VERSION
     assert manifest["components"]["model"]["runtime"] == "pt2"
@@ -26,7 +27,7 @@ def test_round_trip_of_an_exported_program(exported, tmp_path):
 
 def test_components_round_trip(exported, tmp_path):
     parts = hfx.Components(items={"text": exported("bert"), "image": exported("vit")})
-    loaded = hfx.load(hfx.save(parts, tmp_path / "two"))
+    loaded = hfx.load(hfx.save(tmp_path / "two", parts))
     assert isinstance(loaded, hfx.Components) and list(loaded) == ["text", "image"]
 
 
@@ -34,21 +35,21 @@ def test_existing_directory_is_refused_unless_overwrite(exported, tmp_path):
     target = tmp_path / "x"
     target.mkdir()
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        hfx.save(exported("bert"), target)
-    hfx.save(exported("bert"), target, overwrite=True)
+        hfx.save(target, exported("bert"))
+    hfx.save(target, exported("bert"), overwrite=True)
     assert (target / MANIFEST).exists()
 
 
 def test_a_failed_save_leaves_nothing(tmp_path):
     with pytest.raises(TypeError, match="cannot save"):
-        hfx.save(hfx.Components(items={"a": object()}), tmp_path / "bad")
+        hfx.save(tmp_path / "bad", hfx.Components(items={"a": object()}))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_failed_overwrite_keeps_the_old_directory(exported, tmp_path):
-    target = hfx.save(exported("bert"), tmp_path / "keep")
+    target = hfx.save(tmp_path / "keep", exported("bert"))
     with pytest.raises(TypeError):
-        hfx.save(hfx.Components(items={"a": object()}), target, overwrite=True)
+        hfx.save(target, hfx.Components(items={"a": object()}), overwrite=True)
     assert hfx.load(target).io == exported("bert").io
     assert [p.name for p in tmp_path.iterdir()] == ["keep"]
 
@@ -74,25 +75,25 @@ def _tiny_tokenizer():
 def test_generation_components_keep_meta_and_tokenizer(generative, tmp_path):
     model, parts = generative("llama")
     tokenizer = _tiny_tokenizer()
-    path = hfx.save(parts, tmp_path / "gen", processor=tokenizer)
+    path = hfx.save(tmp_path / "gen", parts, processor=tokenizer)
     loaded = hfx.load(path)
     assert list(loaded) == ["prefill", "decode"]
     assert loaded.meta == parts.meta and loaded.meta.generation.config["eos_token_id"] == 2
     assert loaded.processor("w1 w2 w3")["input_ids"] == tokenizer("w1 w2 w3")["input_ids"]
     inputs = hfx.zoo.inputs("llama", batch=2, sequence=6)
-    assert torch.equal(hfx.generate(loaded, **inputs, max_new_tokens=8), hfx.generate(parts, **inputs, max_new_tokens=8))
+    assert torch.equal(hfx.generate(inputs, loaded, max_new_tokens=8), hfx.generate(inputs, parts, max_new_tokens=8))
 
 
 def test_multimodal_parts_reload_and_generate_the_same_tokens(generative, tmp_path):
     model, parts = generative("llava")
-    loaded = hfx.load(hfx.save(parts, tmp_path / "llava"))
+    loaded = hfx.load(hfx.save(tmp_path / "llava", parts))
     assert list(loaded) == list(parts) and loaded.meta == parts.meta
     inputs = hfx.zoo.inputs("llava", batch=2, sequence=4)
-    assert torch.equal(hfx.generate(loaded, **inputs, max_new_tokens=6), hfx.generate(parts, **inputs, max_new_tokens=6))
+    assert torch.equal(hfx.generate(inputs, loaded, max_new_tokens=6), hfx.generate(inputs, parts, max_new_tokens=6))
 
 
 def test_meta_given_to_save_is_kept_with_a_single_program(exported, tmp_path):
-    path = hfx.save(exported("bert"), tmp_path / "bert", meta={"model_id": "tiny-bert"})
+    path = hfx.save(tmp_path / "bert", exported("bert"), meta={"model_id": "tiny-bert"})
     written = json.loads((path / MANIFEST).read_text())["meta"]
     assert written == hfx.GenerationMeta(extra={"model_id": "tiny-bert"}).to_json()
     assert isinstance(hfx.load(path), hfx.Exported)
@@ -101,14 +102,14 @@ def test_meta_given_to_save_is_kept_with_a_single_program(exported, tmp_path):
 def test_meta_given_to_save_joins_the_components_extra_facts(generative, tmp_path):
     _, parts = generative("llama")
     parts = attrs.evolve(parts, meta=attrs.evolve(parts.meta, extra={"model_id": "tiny", "license": "mit"}))
-    loaded = hfx.load(hfx.save(parts, tmp_path / "facts", meta={"license": "apache-2.0"}))
+    loaded = hfx.load(hfx.save(tmp_path / "facts", parts, meta={"license": "apache-2.0"}))
     assert dict(loaded.meta.extra) == {"model_id": "tiny", "license": "apache-2.0"}
     assert loaded.meta.generation == parts.meta.generation and dict(parts.meta.extra)["license"] == "mit"
 
 
 def test_an_export_saved_with_the_flat_meta_of_schema_1_still_loads_and_generates(generative, tmp_path):
     _, parts = generative("llava")
-    path = hfx.save(parts, tmp_path / "old")
+    path = hfx.save(tmp_path / "old", parts)
     manifest = json.loads((path / MANIFEST).read_text())
     old = {**manifest, "schema_version": 1, "meta": schema_1_meta(manifest["meta"])}
     assert "generation_config" in old["meta"] and "roles" not in old["meta"]
@@ -116,4 +117,18 @@ def test_an_export_saved_with_the_flat_meta_of_schema_1_still_loads_and_generate
     loaded = hfx.load(path)
     assert loaded.meta == parts.meta
     inputs = hfx.zoo.inputs("llava", batch=2, sequence=4)
-    assert torch.equal(hfx.generate(loaded, **inputs, max_new_tokens=6), hfx.generate(parts, **inputs, max_new_tokens=6))
+    assert torch.equal(hfx.generate(inputs, loaded, max_new_tokens=6), hfx.generate(inputs, parts, max_new_tokens=6))
+
+
+def test_save_directory_is_a_stage_that_pipes(exported, tmp_path):
+    path = pipe(exported("bert"), hfx.save(tmp_path / "piped", overwrite=False))
+    assert path == tmp_path / "piped" and hfx.load(path).io == exported("bert").io
+
+
+def test_the_old_argument_order_is_a_type_error_and_writes_nothing(exported, tmp_path):
+    with pytest.raises(TypeError, match=r"program \(the last argument\) must be a program or Components, got PosixPath; "
+                                        r"call save\(directory, program\)"):
+        hfx.save(exported("bert"), tmp_path / "swapped")
+    with pytest.raises(TypeError, match=r"directory must be a path \(str or os.PathLike\), got Exported"):
+        hfx.save(exported("bert"), exported("bert"))
+    assert list(tmp_path.iterdir()) == []

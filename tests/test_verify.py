@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from toolz import pipe
 
 import hfx
 from hfx._verify import OutputDiff, Report
@@ -10,7 +12,7 @@ from tests.helpers import assert_same_state, new_inputs, state_of
 
 
 def test_report_lists_every_output(exported, models):
-    report = hfx.verify(exported("llama"), models("llama"), new_inputs("llama"))
+    report = hfx.verify(models("llama"), new_inputs("llama"), exported("llama"))
     assert [d.name for d in report.diffs] == ["logits"]
     assert report.diffs[0].shape == (3, 11, 256)
     assert "PASS" in str(report)
@@ -36,7 +38,7 @@ def test_nan_fails():
 def test_verify_detects_a_wrong_program(models):
     model = models("bert")
     other = hfx.export(hfx.capture(new_inputs("bert"), hfx.zoo.build("bert", seed=1)))
-    assert not hfx.verify(other, model, new_inputs("bert")).passed
+    assert not hfx.verify(model, new_inputs("bert"), other).passed
 
 
 def test_verify_changes_nothing(exported, models):
@@ -44,14 +46,14 @@ def test_verify_changes_nothing(exported, models):
     inputs = new_inputs("bert")
     before = state_of(model)
     copies = {k: v.clone() for k, v in inputs.items()}
-    hfx.verify(exported("bert"), model, inputs)
+    hfx.verify(model, inputs, exported("bert"))
     assert_same_state(model, before)
     assert all(torch.equal(inputs[k], copies[k]) for k in inputs)
 
 
 def test_verify_maps_over_components(exported, models):
     parts = hfx.Components(items={"m": exported("bert")})
-    reports = hfx.verify(parts, models("bert"), {"m": new_inputs("bert")})
+    reports = hfx.verify(models("bert"), {"m": new_inputs("bert")}, parts)
     assert reports["m"].passed
 
 
@@ -78,7 +80,29 @@ class _Joined:
 
 def test_a_per_item_list_is_compared_with_the_joined_tensor():
     x = torch.randn(3, 4)
-    report = hfx.verify(_Joined(), _PerItem(), {"x": x})
+    report = hfx.verify(_PerItem(), {"x": x}, _Joined())
     assert [d.name for d in report.diffs] == ["y", "rows"] and report.passed
-    assert hfx.verify(_Joined(as_list=True), _PerItem(), {"x": x}).passed
-    assert not hfx.verify(_Joined(offset=1.0), _PerItem(), {"x": x}).passed
+    assert hfx.verify(_PerItem(), {"x": x}, _Joined(as_list=True)).passed
+    assert not hfx.verify(_PerItem(), {"x": x}, _Joined(offset=1.0)).passed
+
+
+def test_verify_model_inputs_is_a_stage_that_pipes(exported, models):
+    report = pipe(exported("bert"), hfx.verify(models("bert"), new_inputs("bert"), atol=1e-4))
+    assert isinstance(report, Report) and report.passed
+
+
+def test_the_old_argument_order_is_a_type_error(exported, models):
+    with pytest.raises(TypeError, match=r"program \(the last argument\) must be .*got dict; call verify\(model, inputs, program\)"):
+        hfx.verify(exported("bert"), models("bert"), new_inputs("bert"))
+
+
+def test_a_model_as_the_last_argument_says_so(models):
+    with pytest.raises(TypeError, match=r"not the model or its inputs, got BertModel"):
+        hfx.verify(models("bert"), new_inputs("bert"), models("bert"))
+
+
+def test_a_component_without_inputs_is_a_component_error(exported, models):
+    parts = hfx.Components(items={"m": exported("bert"), "n": exported("bert")})
+    with pytest.raises(hfx.ComponentError, match=r"inputs has no entry for component\(s\) \['n'\]") as info:
+        hfx.verify(models("bert"), {"m": new_inputs("bert")}, parts)
+    assert info.value.components == ("n",)

@@ -101,7 +101,7 @@ def _passes(exported: hfx.Exported, model: torch.nn.Module, runtime: str, checks
         program = _lowered(exported, runtime)
     except hfx.LoweringError:
         return False
-    return all(hfx.verify(program, model, inputs).passed for inputs in checks)
+    return all(hfx.verify(model, inputs, program).passed for inputs in checks)
 
 
 @pytest.mark.parametrize("name", REPRESENTATIVES)

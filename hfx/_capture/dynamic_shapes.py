@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from toolz import curry
 
 from hfx._lift import per_component
 from hfx._pytree import owned_tensors
@@ -76,6 +77,7 @@ def _default_bounds(model: torch.nn.Module | None) -> dict[str, tuple[int, int |
     }
 
 
+@curry
 @per_component
 def infer_dynamic_shapes(
     capture: Capture,
@@ -97,7 +99,8 @@ def infer_dynamic_shapes(
         bounds: ``{dim name: (min, max)}`` overriding the defaults (max ``None`` = unbounded).
 
     Returns:
-        A ``DynamicShapes`` record.
+        A ``DynamicShapes`` record (``Components`` of them for ``Components``).
+        ``infer_dynamic_shapes(bounds={...})`` alone is a stage ``Capture -> DynamicShapes``.
 
     Example:
         >>> import torch
@@ -106,6 +109,8 @@ def infer_dynamic_shapes(
         >>> ds = infer_dynamic_shapes(capture({"input": ids}, torch.nn.Identity()))
         >>> dict(ds.axes["input"])
         {0: 'batch'}
+        >>> dict(infer_dynamic_shapes(bounds={"batch": (1, 8)})(capture({"input": ids}, torch.nn.Identity())).bounds)
+        {'batch': (1, 8)}
     """
     if capture.dynamic_shapes is not None:
         return capture.dynamic_shapes

@@ -25,6 +25,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+from toolz import curry
+
+from hfx._errors import argument_error
 
 # getter -> the keyword arguments its results are passed back under; ``None`` when a result is not an input.
 _GETTERS: Mapping[str, tuple[str | None, ...]] = {
@@ -179,6 +182,7 @@ def precomputed_input_names(model: torch.nn.Module) -> frozenset[str]:
     )
 
 
+@curry
 def vision_inputs(model: torch.nn.Module, inputs: Mapping[str, Any], /) -> dict[str, torch.Tensor]:
     """The inputs a whole-forward graph of a packed-image model takes besides the processor's, computed from them.
 
@@ -199,7 +203,10 @@ def vision_inputs(model: torch.nn.Module, inputs: Mapping[str, Any], /) -> dict[
     Returns:
         The extra keyword arguments; empty for a model without packed-image
         towers or inputs without grids. ``position_ids`` is left out when
-        ``inputs`` already hold it.
+        ``inputs`` already hold it. ``vision_inputs(model)`` alone is a stage ``inputs -> dict``.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module`` or ``inputs`` not a mapping (the arguments swapped).
 
     Example:
         >>> from hfx import zoo
@@ -210,6 +217,10 @@ def vision_inputs(model: torch.nn.Module, inputs: Mapping[str, Any], /) -> dict[
     """
     from hfx._capture.positions import has_media_grids, multimodal_positions
 
+    if not isinstance(model, torch.nn.Module):
+        raise argument_error("vision_inputs(model, inputs)", "model", "a torch.nn.Module", model)
+    if not isinstance(inputs, Mapping):
+        raise argument_error("vision_inputs(model, inputs)", "inputs", "a mapping of the processor's inputs", inputs)
     computed: dict[str, torch.Tensor] = {}
     for modality, tower in _packed_modalities(model).items():
         grid = inputs.get(f"{modality}_grid_thw")

@@ -189,11 +189,11 @@ def _runtime_rows(runtime: str, programs: dict[str, Any], seconds: dict[str, flo
     from hfx._records import Components
 
     reports = {name: quiet_step(stream, args, f"{runtime}: verify {name}",
-                           lambda p=program, n=name: hfx.verify(p, *subject.checks[n], atol=atol, rtol=args.rtol))
+                           lambda p=program, n=name: hfx.verify(*subject.checks[n], p, atol=atol, rtol=args.rtol))
                for name, program in programs.items()}
     bundle = Components(items=programs, meta=subject.captures.meta) if args.generation else programs["model"]
     path = quiet_step(stream, args, f"{runtime}: save to {Path(args.out) / runtime}",
-                 lambda: hfx.save(bundle, Path(args.out) / runtime, overwrite=True, processor=loaded.processor))
+                 lambda: hfx.save(Path(args.out) / runtime, bundle, overwrite=True, processor=loaded.processor))
     sizes = component_sizes(path)
     rows = [Row(runtime=runtime, component=name, passed=report.passed, difference=f"{report.max_abs:.2e}",
                 size=sizes.get(name), seconds=seconds[name]) for name, report in reports.items()]
@@ -210,7 +210,7 @@ def _token_row(runtime: str, programs: Any, model: Any, prompt: Mapping[str, Any
     import hfx
 
     started = time.perf_counter()
-    tokens = hfx.generate(programs, **prompt, max_new_tokens=GENERATE_TOKENS)
+    tokens = hfx.generate(prompt, programs, max_new_tokens=GENERATE_TOKENS)
     seconds = time.perf_counter() - started
     config = _generation_config(model, args)
     with torch.no_grad():

@@ -134,12 +134,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(exc: Exception, args: argparse.Namespace) -> int:
-    """Print ``exc`` as one paragraph (and its traceback with ``--verbose``); return the exit code."""
+    """Print ``exc`` as one paragraph (and its traceback with ``--verbose``); return the exit code.
+
+    The paragraph ends with the exception's notes, which ``str(exc)`` leaves out:
+    the component and stage a lifted stage failed in, a runtime's advice.
+    """
     usage = isinstance(exc, (UsageError, ImportError, FileNotFoundError))
     if args.verbose:
         traceback.print_exc()
     message = str(exc).strip() or type(exc).__name__
-    paragraph = message.split("\n")[0] if not args.verbose else message
+    notes = [str(note).strip() for note in getattr(exc, "__notes__", ())]
+    if not args.verbose:
+        message, notes = message.split("\n")[0], [note.split("\n")[0] for note in notes]
+    paragraph = "; ".join([message, *(note for note in notes if note)])
     kind = "" if usage or isinstance(exc, OSError) else f"{type(exc).__name__}: "
     hint = "" if args.verbose or usage else " (run with --verbose for the upstream output and the traceback)"
     print(f"hfx {args.command}: {kind}{paragraph}{hint}", file=sys.stderr)

@@ -23,7 +23,7 @@ def run_generate(args: argparse.Namespace, stream: IO[str]) -> int:
     inputs = prompt_inputs(args, tokenizer)
     options = {"max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample, "seed": args.seed}
     tokens = quiet_step(stream, args, f"generate {args.max_new_tokens} tokens on {runtime}",
-                        lambda: hfx.generate(programs, **inputs, **options))
+                        lambda: hfx.generate(inputs, programs, **options))
     if args.prompt is not None:
         print(tokenizer.decode(tokens[0], skip_special_tokens=True))
     else:

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 import torch
+from toolz import curry
 from torch.utils import _pytree as pytree
 
 from hfx._lift import per_component
@@ -84,6 +85,7 @@ def flat_view(model: torch.nn.Module, names: tuple[str, ...], constants: Mapping
     return view
 
 
+@curry
 @per_component
 def flatten_signature(capture: Capture, /) -> Capture:
     """Split the captured kwargs into graph inputs (anything holding a tensor) and baked-in constants.
@@ -97,7 +99,7 @@ def flatten_signature(capture: Capture, /) -> Capture:
 
     Returns:
         A new ``Capture`` whose ``module`` is a flat view of the model, ``kwargs``
-        the graph inputs and ``constants`` the rest.
+        the graph inputs and ``constants`` the rest (``Components`` of them for ``Components``).
 
     Example:
         >>> import torch

@@ -11,19 +11,21 @@ static quantizer sees exactly the tensors the graph takes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+from toolz import curry
 
-from hfx._errors import InputError
+from hfx._errors import InputError, argument_error
 from hfx._records import Capture, Components, GenerationSettings, IoSpec
 
 Calibration = Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]]
 
 
+@curry
 def calibration_inputs(
-    components: Components, model: torch.nn.Module, samples: Sequence[Mapping[str, Any]], /, *, max_new_tokens: int = 4
+    model: torch.nn.Module, samples: Sequence[Mapping[str, Any]], components: Components, /, *, max_new_tokens: int = 4
 ) -> dict[str, list[dict[str, Any]]]:
     """Per-component calibration inputs, recorded from ``model.generate`` on each sample.
 
@@ -35,15 +37,18 @@ def calibration_inputs(
     does not generate (one component, ``"model"``) is calibrated on the samples.
 
     Args:
-        components: what ``decompose`` returned (``Capture``, ``Exported`` or programs).
         model: the model ``components`` were decomposed from.
         samples: generate inputs, one dict per sample.
+        components: what ``decompose`` returned (``Capture``, ``Exported`` or programs).
         max_new_tokens: decode steps recorded per sample.
 
     Returns:
         ``{component name: [input dict, ...]}``, ready for a stage's ``calibration``.
+        ``calibration_inputs(model, samples)`` alone is a stage ``components -> dict``.
 
     Raises:
+        TypeError: ``model`` is not an ``nn.Module``, ``samples`` not a list of mappings or
+            ``components`` not ``Components`` (the arguments in the wrong order).
         InputError: a component got no calibration input (the samples' generate did not call it).
 
     Example:
@@ -51,10 +56,11 @@ def calibration_inputs(
         >>> from hfx import zoo
         >>> model = zoo.build("llama")
         >>> parts = hfx.decompose(hfx.capture(zoo.inputs("llama"), model))
-        >>> data = calibration_inputs(parts, model, [zoo.inputs("llama", batch=1, sequence=6)], max_new_tokens=3)
+        >>> data = calibration_inputs(model, [zoo.inputs("llama", batch=1, sequence=6)], parts, max_new_tokens=3)
         >>> {name: len(calls) for name, calls in data.items()}
         {'prefill': 1, 'decode': 2}
     """
+    samples = _checked_samples(model, samples, components)
     if list(components) == ["model"]:
         return {"model": [dict(sample) for sample in samples]}
     found: dict[str, list[dict[str, Any]]] = {name: [] for name in components}
@@ -70,6 +76,19 @@ def calibration_inputs(
         )
         raise InputError(msg)
     return found
+
+
+def _checked_samples(model: Any, samples: Any, components: Any) -> list[Mapping[str, Any]]:
+    """``samples`` as a list; ``TypeError`` naming the argument that is not what ``calibration_inputs`` takes."""
+    call = "calibration_inputs(model, samples, components)"
+    if not isinstance(components, Components):
+        raise argument_error(call, "components (the last argument)", "the Components of decompose", components)
+    if not isinstance(model, torch.nn.Module):
+        raise argument_error(call, "model", "a torch.nn.Module", model)
+    listed = list(samples) if isinstance(samples, Iterable) and not isinstance(samples, Mapping) else None
+    if listed is None or not all(isinstance(sample, Mapping) for sample in listed):
+        raise argument_error(call, "samples", "a list of generate-input dicts", samples)
+    return listed
 
 
 def _recorded_calls(
@@ -113,7 +132,7 @@ def samples_for(calibration: Calibration | None, name: str, *, stage: str) -> li
         if name not in calibration:
             msg = (
                 f"{stage}: calibration has no inputs for component {name!r} (it has {sorted(calibration)}). "
-                "Build them with hfx.calibration_inputs(components, model, samples)."
+                "Build them with hfx.calibration_inputs(model, samples, components)."
             )
             raise ValueError(msg)
         calibration = calibration[name]

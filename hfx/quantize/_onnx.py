@@ -55,7 +55,7 @@ def quantize_onnx(program: Any, /, *, mode: str = "dynamic", calibration: Calibr
         torch.Size([5, 8])
     """
     check_choice(STAGE, "mode", mode, MODES)
-    result = per_component(_quantize)(program, mode=mode, calibration=calibration)
+    result = per_component(_quantize, name=STAGE)(program, mode=mode, calibration=calibration)
     return with_quantization(result, {"stage": STAGE, "mode": mode, "calibrated": calibration is not None})
 
 

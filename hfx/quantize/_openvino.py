@@ -60,7 +60,7 @@ def quantize_ov(
         torch.Size([5, 8])
     """
     _check_options(mode, group_size, ratio)
-    result = per_component(_quantize)(program, mode=mode, calibration=calibration, group_size=group_size, ratio=ratio)
+    result = per_component(_quantize, name=STAGE)(program, mode=mode, calibration=calibration, group_size=group_size, ratio=ratio)
     entry = {"stage": STAGE, "mode": mode, "calibrated": calibration is not None}
     return with_quantization(result, {**entry, "group_size": group_size, "ratio": ratio} if mode == "int4" else entry)
 

@@ -70,7 +70,7 @@ def quantize_pt2e(
     """
     check_choice(STAGE, "scheme", scheme, SCHEMES)
     check_positive_int(STAGE, "group_size", group_size, "32, 64, 128")
-    result = per_component(_quantize)(exported, scheme=scheme, calibration=calibration, group_size=group_size)
+    result = per_component(_quantize, name=STAGE)(exported, scheme=scheme, calibration=calibration, group_size=group_size)
     entry = {"stage": STAGE, "scheme": scheme, "calibrated": calibration is not None}
     return with_quantization(result, {**entry, "group_size": group_size} if scheme == "8da4w" else entry)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from toolz import pipe
 
 import hfx
 from hfx import zoo
@@ -43,3 +45,16 @@ def test_axes_of_different_sizes_get_different_names(models):
 def test_a_given_shape_record_wins(models):
     given = hfx.DynamicShapes(axes={"input_ids": {0: "b"}}, bounds={"b": (1, 4)})
     assert hfx.infer_dynamic_shapes(hfx.capture(zoo.inputs("llama"), models("llama"), dynamic_shapes=given)) is given
+
+
+def test_bounds_alone_give_a_stage_that_maps_over_components(models):
+    parts = hfx.Components(items={"a": hfx.capture(zoo.inputs("llama"), models("llama")),
+                                  "b": hfx.capture({"input": torch.ones(4, 3)}, torch.nn.Linear(3, 2))})
+    shapes = pipe(parts, hfx.infer_dynamic_shapes(bounds={"batch": (1, 8)}))
+    assert isinstance(shapes, hfx.Components) and [s.bounds["batch"] for s in shapes.values()] == [(1, 8), (1, 8)]
+
+
+def test_a_subject_that_is_not_a_capture_is_named_with_its_component():
+    with pytest.raises(AttributeError) as info:
+        hfx.infer_dynamic_shapes(hfx.Components(items={"decode": object()}))
+    assert info.value.__notes__ == ["in component 'decode' of infer_dynamic_shapes"]

@@ -85,9 +85,19 @@ def test_given_positions_are_kept_and_other_models_get_nothing(models):
     assert vision_inputs(model, {k: v for k, v in inputs.items() if k not in ("image_grid_thw", "pixel_values")}) == {}
 
 
+def test_the_model_alone_gives_a_stage_and_swapped_arguments_are_a_type_error(models):
+    model = models("qwen2_vl")
+    inputs = zoo.inputs("qwen2_vl")
+    piped = hfx.vision_inputs(model)(inputs)
+    assert piped.keys() == vision_inputs(model, inputs).keys()
+    assert all(torch.equal(piped[k], value) for k, value in vision_inputs(model, inputs).items())
+    with pytest.raises(TypeError, match=r"model must be a torch.nn.Module, got dict; call vision_inputs\(model, inputs\)"):
+        vision_inputs(inputs, model)
+
+
 def test_the_whole_forward_exports_for_any_image_count_and_size(models):
     model = models("qwen2_vl")
     exported = hfx.export(hfx.capture(zoo.forward_inputs("qwen2_vl", batch=2, sequence=7), model))
-    assert hfx.verify(exported, model, zoo.forward_inputs("qwen2_vl", batch=3, sequence=11)).passed  # 3 images of 4x6
+    assert hfx.verify(model, zoo.forward_inputs("qwen2_vl", batch=3, sequence=11), exported).passed  # 3 images of 4x6
     inputs = _mixed_images(model.config)
-    assert hfx.verify(exported, model, {**inputs, **vision_inputs(model, inputs)}).passed  # 2 images, 4x4 and 2x6
+    assert hfx.verify(model, {**inputs, **vision_inputs(model, inputs)}, exported).passed  # 2 images, 4x4 and 2x6

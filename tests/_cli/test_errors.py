@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from hfx._cli.main import main
+import hfx
+from hfx._cli.main import _report, main
 from tests._cli.test_main import hfx_cli, upstream_noise
 
 
@@ -79,3 +82,19 @@ def test_verbose_shows_the_traceback(tmp_path):
     result = hfx_cli("export", str(tmp_path / "no-such-model"), "--to", "pt2", "--verbose")
     assert result.returncode == 2
     assert "Traceback (most recent call last)" in result.stderr and "UsageError" in result.stderr
+
+
+class _Unexportable(torch.nn.Module):
+    def forward(self, x):
+        return x.item()
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_component_that_failed_ends_the_paragraph(verbose, capsys):
+    # A lifted stage names the component in a note, which str(exc) leaves out: the paragraph must carry it.
+    with pytest.raises(hfx.CaptureError) as info:
+        hfx.export(hfx.Components(items={"decode": hfx.capture({"x": torch.ones(2)}, _Unexportable())}))
+    assert _report(info.value, argparse.Namespace(command="export", verbose=verbose)) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hfx export: ")]
+    assert len(lines) == 1 and lines[0].startswith("hfx export: CaptureError: [export] component 'model' of _Unexportable")
+    assert "; in component 'decode' of export" in lines[0]

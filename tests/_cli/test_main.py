@@ -97,8 +97,8 @@ def test_run_generates_from_a_prompt_with_the_saved_tokenizer(llama_export):
     assert result.returncode == 0, result.stderr
     programs = hfx.load(out / "onnx")
     encoded = programs.processor("w10 w11 w12", return_tensors="pt")
-    expected = hfx.generate(programs, input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"],
-                            max_new_tokens=4)
+    prompt = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+    expected = hfx.generate(prompt, programs, max_new_tokens=4)
     assert result.stdout.strip() == programs.processor.decode(expected[0], skip_special_tokens=True)
     assert result.stdout.startswith("w10 w11 w12")
 
@@ -112,7 +112,7 @@ def test_run_samples_like_hfx_generate_with_the_same_seed(llama_export):
     result = hfx_cli("run", str(out), "--runtime", "onnx", "--input-ids", "5,6", "--do-sample", "--seed", "7",
                      "--max-new-tokens", "6")
     ids = torch.tensor([[5, 6]])
-    expected = hfx.generate(hfx.load(out / "onnx"), input_ids=ids, attention_mask=torch.ones_like(ids),
+    expected = hfx.generate({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, hfx.load(out / "onnx"),
                             max_new_tokens=6, do_sample=True, seed=7)
     assert result.stdout.strip() == ",".join(map(str, expected[0].tolist()))
 

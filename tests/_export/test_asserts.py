@@ -25,4 +25,4 @@ def test_a_traced_size_assumption_does_not_refuse_a_smaller_valid_input():
     assert not any(on_input_sizes_only(node) for node in exported.program.graph.nodes if is_assert(node))
     small = zoo.forward_inputs("resnet", batch=1, sequence=1)
     assert small["pixel_values"].shape == (1, 3, 8, 8)
-    assert hfx.verify(exported, model, small).passed
+    assert hfx.verify(model, small, exported).passed

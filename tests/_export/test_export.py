@@ -13,7 +13,7 @@ from tests.helpers import PARITY_MODELS, assert_same_state, new_inputs, state_of
 
 @pytest.mark.parametrize("name", PARITY_MODELS)
 def test_exported_matches_eager_on_new_shapes(exported, models, name):
-    report = hfx.verify(exported(name), models(name), new_inputs(name))
+    report = hfx.verify(models(name), new_inputs(name), exported(name))
     assert report.passed and report.max_abs <= 1e-4, str(report)
 
 
@@ -46,7 +46,7 @@ def test_export_pipes_and_is_one_symbol_per_axis(models):
 def test_batch_one_capture_stays_dynamic(models):
     ex = hfx.export(hfx.capture(zoo.inputs("llama", batch=1, sequence=1), models("llama")))
     assert ex.io.inputs[0].shape == ("batch", "sequence")
-    assert hfx.verify(ex, models("llama"), new_inputs("llama")).passed
+    assert hfx.verify(models("llama"), new_inputs("llama"), ex).passed
 
 
 def test_export_leaves_model_and_inputs_unchanged(models):
@@ -95,7 +95,7 @@ def test_flash_attention_is_switched_to_sdpa_for_the_export_only():
     ex = hfx.export(hfx.capture(zoo.inputs("llama"), model))
     assert model.config._attn_implementation == "flash_attention_2"
     model.config._attn_implementation_internal = "sdpa"
-    assert hfx.verify(ex, model, new_inputs("llama")).passed
+    assert hfx.verify(model, new_inputs("llama"), ex).passed
 
 
 def test_export_accepts_explicit_patches(models):
@@ -139,8 +139,9 @@ def test_export_failure_in_a_component_names_it():
         def forward(self, x):
             return x.item()
 
-    with pytest.raises(hfx.ComponentError, match="component 'enc'"):
+    with pytest.raises(hfx.CaptureError, match=r"^\[export\] component 'model' of Bad") as info:
         hfx.export(hfx.Components(items={"enc": hfx.capture({"x": torch.ones(2)}, Bad())}))
+    assert info.value.__notes__[-1] == "in component 'enc' of export"
 
 
 def test_a_component_holds_only_the_weights_its_graph_reads(generative):

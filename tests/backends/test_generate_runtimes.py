@@ -42,7 +42,7 @@ def test_greedy_tokens_match_eager(lowered, runtime, name):
     model, programs = lowered(runtime, name)
     inputs = zoo.inputs(name, batch=2, sequence=9)
     expected = eager_tokens(model, inputs, NEW_TOKENS[name])
-    assert torch.equal(hfx.generate(programs, **inputs, max_new_tokens=NEW_TOKENS[name]), expected)
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=NEW_TOKENS[name]), expected)
 
 
 @pytest.mark.parametrize("runtime", ["onnx", "ov"])  # ExecuTorch: checked by benchmarks/coverage.py (slow lowering)
@@ -50,16 +50,16 @@ def test_packed_image_model_generates_the_eager_tokens(generative, runtime):
     model, parts = generative("qwen2_vl")
     programs = _lowering(runtime)(parts)  # OpenVINO drops the unread image grid input: fed by name
     inputs = packed_image_inputs(model.config, 3, 7, (1, 4, 6))  # other images than the capture's
-    assert torch.equal(hfx.generate(programs, **inputs, max_new_tokens=12), eager_tokens(model, inputs, 12))
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=12), eager_tokens(model, inputs, 12))
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_batch_one_and_seeded_sampling(lowered, runtime):
     model, programs = lowered(runtime, "llama")
     inputs = zoo.inputs("llama", batch=1, sequence=5)
-    assert torch.equal(hfx.generate(programs, **inputs, max_new_tokens=32), eager_tokens(model, inputs, 32))
-    first = hfx.generate(programs, **inputs, max_new_tokens=8, do_sample=True, top_k=20, seed=11)
-    assert torch.equal(first, hfx.generate(programs, **inputs, max_new_tokens=8, do_sample=True, top_k=20, seed=11))
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=32), eager_tokens(model, inputs, 32))
+    first = hfx.generate(inputs, programs, max_new_tokens=8, do_sample=True, top_k=20, seed=11)
+    assert torch.equal(first, hfx.generate(inputs, programs, max_new_tokens=8, do_sample=True, top_k=20, seed=11))
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_static_cache_updates_in_place(static_parts, runtime):
     inputs = zoo.inputs("llama", batch=2, sequence=9)
     with torch.no_grad():
         expected = model.generate(**inputs, max_new_tokens=16, do_sample=False, generation_config=config)
-    assert torch.equal(hfx.generate(programs, **inputs, max_new_tokens=16), expected)
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=16), expected)
 
 
 # Mamba's selective scan exports as a loop-free prefix scan (hfx.patches._ssm.prefix_selective_scan), which every
@@ -97,6 +97,6 @@ def test_state_space_model_generates_the_eager_tokens(mamba_parts, runtime):
     model, parts = mamba_parts
     programs = _lowering(runtime)(parts)
     inputs = zoo.inputs("mamba", batch=2, sequence=9)  # the capture is (2, 7)
-    assert torch.equal(hfx.generate(programs, **inputs, max_new_tokens=16), eager_tokens(model, inputs, 16))
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=16), eager_tokens(model, inputs, 16))
     inputs = zoo.inputs("mamba", batch=1, sequence=20)  # another batch, two chunks of the prefix scan
-    assert torch.equal(hfx.generate(programs, **inputs, max_new_tokens=16), eager_tokens(model, inputs, 16))
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=16), eager_tokens(model, inputs, 16))

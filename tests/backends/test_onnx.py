@@ -58,7 +58,7 @@ def _dims(value) -> list[int | str]:
 @pytest.mark.parametrize("name", PARITY_MODELS)
 def test_parity_on_new_shapes(name, models, lowered):
     program = lowered(name)
-    report = verify(program, models(name), new_inputs(name))
+    report = verify(models(name), new_inputs(name), program)
     assert report.max_abs <= 1e-4, str(report)
     with torch.no_grad():
         eager = models(name)(**new_inputs(name), **program.io.constants)
@@ -149,7 +149,7 @@ def test_exported_is_unchanged_by_lowering(exported):
 
 def test_save_load_round_trip(lowered, tmp_path):
     program = lowered("llama")
-    path = save(program, tmp_path / "llama")
+    path = save(tmp_path / "llama", program)
     assert {p.name for p in path.iterdir()} == {"hfx.json", "model.onnx", "model.onnx.data"}
     inputs = new_inputs("llama")
     raw = onnxruntime.InferenceSession(str(path / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -165,7 +165,7 @@ def test_save_load_round_trip(lowered, tmp_path):
 
 def test_large_models_go_through_files(lowered, tmp_path, monkeypatch):
     program = lowered("vit")
-    save(program, tmp_path / "vit")
+    save(tmp_path / "vit", program)
     # 10 kB: above the small inline tensors of the saved graph, below vit's ~320 kB of weights.
     monkeypatch.setattr(_onnx, "_IN_MEMORY_LIMIT", 10_000)
     folders, add_entry = [], onnxruntime.SessionOptions.add_session_config_entry
@@ -269,5 +269,5 @@ def test_lowers_transformers_experts():
     model = zoo.build("mixtral")
     exported = hfx.export(hfx.capture(zoo.forward_inputs("mixtral", batch=2, sequence=7), model))
     new = zoo.forward_inputs("mixtral", batch=3, sequence=11)
-    report = verify(lower_to_onnx(exported), model, new)
+    report = verify(model, new, lower_to_onnx(exported))
     assert report.max_abs <= 1e-4, str(report)

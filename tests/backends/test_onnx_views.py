@@ -60,7 +60,7 @@ def biased():
 def test_t5_encoder_lowers_and_matches_eager_on_new_shapes(generative):
     model, parts = generative("t5")
     program = lower_to_onnx(parts["encoder"])
-    report = verify(program, model.get_encoder(), new_inputs("t5"))
+    report = verify(model.get_encoder(), new_inputs("t5"), program)
     assert report.passed, str(report)
     assert report.max_abs <= 1e-4, str(report)
 
@@ -68,7 +68,7 @@ def test_t5_encoder_lowers_and_matches_eager_on_new_shapes(generative):
 def test_biased_sdpa_lowers_and_matches_eager_on_new_shapes(biased):
     model, exported = biased
     torch.manual_seed(1)
-    report = verify(lower_to_onnx(exported), model, _biased_inputs(**NEW_SHAPE))
+    report = verify(model, _biased_inputs(**NEW_SHAPE), lower_to_onnx(exported))
     assert report.max_abs <= 1e-5, str(report)
 
 

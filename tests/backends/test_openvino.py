@@ -45,7 +45,7 @@ def _linear(out_features: int = 2) -> hfx.Capture:
 @pytest.mark.parametrize("name", PARITY_MODELS)
 def test_matches_eager_on_new_shapes(name, models, lowered):
     program, _ = lowered(name)
-    report = verify(program, models(name), new_inputs(name))
+    report = verify(models(name), new_inputs(name), program)
     assert report.max_abs <= 1e-4, str(report)
     with torch.no_grad():
         assert type(program(**new_inputs(name))) is type(models(name)(**new_inputs(name)))
@@ -141,7 +141,7 @@ def test_runs_bfloat16_inputs_and_outputs():
 @pytest.mark.parametrize("name", ["llama", "vit"])
 def test_save_load_round_trip(name, lowered, tmp_path):
     program, _ = lowered(name)
-    path = save(program, tmp_path / name)
+    path = save(tmp_path / name, program)
     manifest = json.loads((path / "hfx.json").read_text())
     entry = manifest["components"]["model"]
     assert entry["runtime"] == "openvino" and entry["files"] == ["openvino_model.xml", "openvino_model.bin"]
@@ -214,7 +214,7 @@ def test_size_arithmetic_with_mod_converts():
 def test_lowers_transformers_experts():
     model = zoo.build("mixtral")
     exported = hfx.export(hfx.capture(zoo.forward_inputs("mixtral", batch=2, sequence=7), model))
-    report = verify(lower_to_ov(exported), model, zoo.forward_inputs("mixtral", batch=3, sequence=11))
+    report = verify(model, zoo.forward_inputs("mixtral", batch=3, sequence=11), lower_to_ov(exported))
     assert report.max_abs <= 1e-4, str(report)
 
 

@@ -107,7 +107,7 @@ def test_edge_decomposition_keeps_the_traced_layout(attention):
 def test_a_conv1d_attention_lowers_and_matches_eager_on_new_shapes(attention):
     model, exported = attention
     torch.manual_seed(1)
-    report = verify(_executorch.lower_to_pte(exported), model, _inputs(**NEW_SHAPE))
+    report = verify(model, _inputs(**NEW_SHAPE), _executorch.lower_to_pte(exported))
     assert report.max_abs <= 1e-5, str(report)
 
 

@@ -43,7 +43,7 @@ def test_dinov2_exports_with_dynamic_image_size_and_matches_eager_at_a_new_size(
     # Without the patch the trained-size shortcut pins height and width to 32 and a 48 px image is rejected.
     exported = hfx.export(hfx.capture(zoo.inputs("dinov2", **CAPTURE_SHAPE), dinov2))
     assert exported.io.inputs[0].shape == ("batch", 3, "height", "width")
-    report = hfx.verify(exported, dinov2, zoo.inputs("dinov2", **NEW_SHAPE))
+    report = hfx.verify(dinov2, zoo.inputs("dinov2", **NEW_SHAPE), exported)
     assert report.passed, str(report)
 
 

@@ -66,7 +66,7 @@ def test_sliding_window_model_generates_eager_tokens_beyond_the_window(mistral):
     parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs("mistral", batch=2, sequence=PROMPT), mistral)))
     assert "past_sequence" in parts["decode"].io.bounds  # one decode graph for every past length
     prompt = zoo.inputs("mistral", batch=2, sequence=PROMPT + 2)
-    got = hfx.generate(parts, **copy.deepcopy(prompt), max_new_tokens=NEW_TOKENS)
+    got = hfx.generate(copy.deepcopy(prompt), parts, max_new_tokens=NEW_TOKENS)
     assert torch.equal(got, _eager(mistral, prompt))
 
 

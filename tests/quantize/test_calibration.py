@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from toolz import pipe
 
 import hfx
 from hfx.quantize._calibration import graph_feeds, samples_for
@@ -13,7 +14,7 @@ from tests.helpers import assert_same_state, state_of
 def test_calibration_inputs_record_each_component_call(generative, samples):
     model, parts = generative("llama")
     before = state_of(model)
-    data = hfx.calibration_inputs(parts, model, samples[:2], max_new_tokens=3)
+    data = hfx.calibration_inputs(model, samples[:2], parts, max_new_tokens=3)
     assert {name: len(calls) for name, calls in data.items()} == {"prefill": 2, "decode": 4}
     assert [int(call["input_ids"].shape[-1]) for call in data["prefill"]] == [5, 9]
     assert all(call["input_ids"].shape[-1] == 1 for call in data["decode"])
@@ -26,7 +27,7 @@ def test_calibration_inputs_record_each_component_call(generative, samples):
 def test_a_model_that_does_not_generate_is_calibrated_on_the_samples(exported, models):
     parts = hfx.Components(items={"model": exported("bert")})
     sample = {"input_ids": torch.ones(1, 4, dtype=torch.long)}
-    assert hfx.calibration_inputs(parts, models("bert"), [sample]) == {"model": [sample]}
+    assert hfx.calibration_inputs(models("bert"), [sample], parts) == {"model": [sample]}
 
 
 def test_samples_for_a_component():
@@ -44,3 +45,18 @@ def test_samples_for_a_component():
 def test_samples_for_rejects_what_it_cannot_use(calibration, error, match):
     with pytest.raises(error, match=match):
         samples_for(calibration, "decode", stage="stage")
+
+
+def test_model_and_samples_give_a_stage_that_pipes(generative, samples):
+    model, parts = generative("llama")
+    data = pipe(parts, hfx.calibration_inputs(model, samples[:1], max_new_tokens=2))
+    assert {name: len(calls) for name, calls in data.items()} == {"prefill": 1, "decode": 1}
+
+
+def test_the_old_argument_order_is_a_type_error(generative, samples):
+    model, parts = generative("llama")
+    with pytest.raises(TypeError, match=r"components \(the last argument\) must be the Components of decompose, got list; "
+                                        r"call calibration_inputs\(model, samples, components\)"):
+        hfx.calibration_inputs(parts, model, samples[:1])
+    with pytest.raises(TypeError, match="samples must be a list of generate-input dicts, got dict"):
+        hfx.calibration_inputs(model, samples[0], parts)

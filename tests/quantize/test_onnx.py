@@ -45,7 +45,7 @@ def test_static_qdq_calibrates_and_round_trips(onnx, samples, reference, tmp_pat
     inputs, logits = reference
     got = quantized(**inputs).logits
     assert cosine(logits, got) > 0.99  # measured 0.999
-    loaded = hfx.load(hfx.save(quantized, tmp_path / "qdq"))
+    loaded = hfx.load(hfx.save(tmp_path / "qdq", quantized))
     assert torch.equal(loaded(**inputs).logits, got)
 
 

@@ -44,7 +44,7 @@ def test_static_int8_calibrates_and_round_trips(ov, samples, reference, tmp_path
     inputs, logits = reference
     got = quantized(**inputs).logits
     assert cosine(logits, got) > 0.99  # measured 0.993
-    loaded = hfx.load(hfx.save(quantized, tmp_path / "ov"))
+    loaded = hfx.load(hfx.save(tmp_path / "ov", quantized))
     assert torch.allclose(loaded(**inputs).logits, got, atol=1e-5)
 
 

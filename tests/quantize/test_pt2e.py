@@ -61,15 +61,15 @@ def test_pipe_to_pte_runs_on_xnnpack_and_round_trips(int4, models, reference, tm
     got = program(**inputs).logits
     assert cosine(logits, got) > 0.98
     assert torch.allclose(got, int4(**inputs).logits, atol=0.05)
-    loaded = hfx.load(hfx.save(program, tmp_path / "pte"))
+    loaded = hfx.load(hfx.save(tmp_path / "pte", program))
     assert torch.equal(loaded(**inputs).logits, got)
-    reloaded = hfx.load(hfx.save(int4, tmp_path / "pt2"))
+    reloaded = hfx.load(hfx.save(tmp_path / "pt2", int4))
     assert torch.equal(reloaded(**inputs).logits, int4(**inputs).logits)
 
 
 def test_components_take_per_component_calibration(generative, samples):
     model, parts = generative("llama")
-    calibration = hfx.calibration_inputs(parts, model, samples[:1], max_new_tokens=3)
+    calibration = hfx.calibration_inputs(model, samples[:1], parts, max_new_tokens=3)
     quantized = hfx.quantize_pt2e(parts, scheme="8da8w", calibration=calibration)
     assert list(quantized) == list(parts)
     assert dict(quantized.meta.quantization) == {"stage": "quantize_pt2e", "scheme": "8da8w", "calibrated": True}
@@ -77,7 +77,7 @@ def test_components_take_per_component_calibration(generative, samples):
     prompt = samples[2]
     with torch.no_grad():
         eager = model.generate(**prompt, max_new_tokens=4, do_sample=False)
-    assert torch.equal(hfx.generate(quantized, **prompt, max_new_tokens=4)[:, :-2], eager[:, :-2])
+    assert torch.equal(hfx.generate(prompt, quantized, max_new_tokens=4)[:, :-2], eager[:, :-2])
 
 
 def test_static_int8_needs_calibration(exported):
