@@ -1,1 +1,15 @@
-"""Runtimes hfx lowers to. Each module imports its runtime lazily, at call time."""
+"""Runtimes hfx lowers to. Each module imports its runtime lazily, at call time.
+
+Per runtime, ``_<runtime>.py`` holds the lowering and ``_<runtime>_fixes.py`` the
+workarounds of that runtime's bugs, as one tuple each lowering takes as an option
+(default shown): ``lower_to_pte(patches=PTE_PATCHES)``, ``lower_to_onnx(fixes=ONNX_FIXES)``,
+``lower_to_ov(graph_fixes=OV_GRAPH_FIXES)``. Read, extend or replace them.
+"""
+
+from hfx.backends._executorch_fixes import PTE_PATCHES as PTE_PATCHES
+from hfx.backends._onnx_fixes import ONNX_FIXES as ONNX_FIXES
+from hfx.backends._onnx_fixes import OnnxFix as OnnxFix
+from hfx.backends._openvino_fixes import OV_GRAPH_FIXES as OV_GRAPH_FIXES
+from hfx.backends._openvino_fixes import OvGraphFix as OvGraphFix
+
+__all__ = ["ONNX_FIXES", "OV_GRAPH_FIXES", "PTE_PATCHES", "OnnxFix", "OvGraphFix"]

@@ -8,7 +8,7 @@ import importlib.util
 import io
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from hfx._records import Capture, Exported
@@ -69,6 +69,35 @@ def _loggers(namespaces: tuple[str, ...]) -> list[logging.Logger]:
         if isinstance(logger, logging.Logger) and logger.handlers and name.split(".")[0] in namespaces
     ]
     return list({id(lg): lg for lg in [*map(logging.getLogger, namespaces), *existing]}.values())
+
+
+def fixes_option(
+    fixes: Iterable[Callable[..., Any]], *, stage: str, option: str, default: str
+) -> tuple[Callable[..., Any], ...]:
+    """``fixes`` as a tuple; a ``TypeError`` naming the stage, the option and its default unless it holds callables.
+
+    Example:
+        >>> fixes_option([print], stage="lower_to_ov", option="graph_fixes", default="OV_GRAPH_FIXES")
+        (<built-in function print>,)
+    """
+    if not isinstance(fixes, (tuple, list)) or not all(callable(fix) for fix in fixes):
+        msg = (
+            f"{stage}: {option} must be a tuple of callables, such as (*hfx.backends.{default}, my_fix) "
+            f"or hfx.backends.{default} without one; got {fixes!r}"
+        )
+        raise TypeError(msg)
+    return tuple(fixes)
+
+
+def fix_names(fixes: Iterable[Callable[..., Any]]) -> tuple[str, ...]:
+    """The name of each fix, for the program record (a ``functools.partial`` is named after its function).
+
+    Example:
+        >>> import functools
+        >>> fix_names([print, functools.partial(max, 1)])
+        ('print', 'max')
+    """
+    return tuple(getattr(getattr(fix, "func", fix), "__name__", repr(fix)) for fix in fixes)
 
 
 def first_line(exc: BaseException) -> str:

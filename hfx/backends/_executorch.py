@@ -16,12 +16,14 @@ once more, from ``exported.program.module()`` with the narrowed dims: a new
 program with its own shape environment, which the lowering may change at will
 while the ``Exported`` stays as it was. In-place input writes (a static cache)
 become trailing outputs first (``with_updates_as_outputs``).
+
+ExecuTorch's bugs are worked around by the patches of ``_executorch_fixes``
+(``PTE_PATCHES``, the ``patches`` option), entered only while ExecuTorch lowers.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import os
 import re
@@ -49,15 +51,15 @@ from hfx.backends._common import (
     as_exported,
     captured_output,
     first_line,
+    fix_names,
+    fixes_option,
     lowering_error,
     require,
     root_cause,
     with_log,
 )
-from hfx.backends._sdpa_layout import patch_sdpa_decomposition_layout
-from hfx.backends._xnnpack_patches import patch_xnnpack_partitioner
-from hfx.patches import Patch, swap_attr, swap_item, with_patches
-from hfx.patches._edge import patch_exact_upper_bounds
+from hfx.backends._executorch_fixes import PTE_PATCHES
+from hfx.patches import Patch, with_patches
 
 RUNTIME = "pte"
 
@@ -92,10 +94,6 @@ _BEYOND_BOUND = re.compile(r"\((\w+)\) is (\d+), outside the program's bounds")
 
 _FD2_LOCK = threading.Lock()
 
-# ATen ops outside core ATen that neither ExecuTorch's decompositions nor its kernels cover, and that torch's own
-# decomposition table rewrites into core ops: Idefics3 / SmolVLM's patch positions call ``torch.bucketize``.
-EDGE_DECOMPOSED_OPS: tuple[torch._ops.OpOverload, ...] = (torch.ops.aten.bucketize.Tensor,)
-
 
 @attrs.frozen(kw_only=True, eq=False)
 class PteProgram:
@@ -103,7 +101,8 @@ class PteProgram:
 
     ``buffer`` is the ``.pte`` flatbuffer. ``io.bounds`` holds the bounds its
     memory was planned for: calling the program with a larger dim raises
-    ``InputError`` naming the dim. Calling it checks the keyword arguments
+    ``InputError`` naming the dim. ``patches`` names the patches it was lowered
+    under (``lower_to_pte(patches=...)``). Calling it checks the keyword arguments
     against ``io``, runs the ``forward`` method and returns the eager model's
     output structure. Do not call one program from several threads at once:
     ExecuTorch methods reuse one memory arena.
@@ -112,6 +111,7 @@ class PteProgram:
     buffer: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     io: IoSpec
     name: str = "model"
+    patches: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     _program: Any = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda s: _load_program(s.buffer, s.name), takes_self=True)
     )
@@ -161,20 +161,31 @@ class PteProgram:
 
 @curry
 @per_component
-def lower_to_pte(exported: Exported | Capture, /, *, max_sizes: Mapping[str, int] | None = None) -> PteProgram:
+def lower_to_pte(
+    exported: Exported | Capture,
+    /,
+    *,
+    max_sizes: Mapping[str, int] | None = None,
+    patches: tuple[Patch, ...] = PTE_PATCHES,
+) -> PteProgram:
     """Lower ``exported`` to an ExecuTorch program delegated to XNNPACK, planned for bounded dims.
 
     ExecuTorch plans memory at each dynamic dim's upper bound, so every dim gets
     a finite one: ``max_sizes[name]``, else ``DEFAULT_MAX_SIZES[name]`` (batch 4),
     else ``min(export bound, DEFAULT_MAX_SIZE)`` (512), never above the export's
     own bound. The program records them in ``io.bounds``; a larger input raises
-    ``InputError``. The ``Exported`` is not changed. ExecuTorch's log records,
-    prints and warnings are kept for the error message, not printed.
+    ``InputError``. ExecuTorch's lowering runs under ``patches``, the
+    workarounds of ExecuTorch's bugs (``hfx.backends.PTE_PATCHES``); the program
+    records their names in ``patches``. The ``Exported`` is not changed.
+    ExecuTorch's log records, prints and warnings are kept for the error message, not printed.
 
     Args:
         exported: an ``Exported`` (a ``Capture`` is exported first), or ``Components`` of them.
         max_sizes: ``{dim name: largest size}`` for the program's dynamic dims
             (``{"batch": 4, "sequence": 512}``). Per-component values: ``hfx.by_component``.
+        patches: the zero-argument context-manager factories entered around ExecuTorch's
+            lowering, in order: ``PTE_PATCHES`` extended (``(*hfx.backends.PTE_PATCHES, my_patch)``)
+            or filtered, or your own.
 
     Returns:
         A ``PteProgram`` callable like the model (``Components`` of them for ``Components``).
@@ -183,26 +194,33 @@ def lower_to_pte(exported: Exported | Capture, /, *, max_sizes: Mapping[str, int
         ImportError: executorch is missing (install ``hfx[executorch]``).
         ValueError: ``max_sizes`` names a dim the program does not have, or asks for more than
             the export allows (or less than its lower bound).
-        TypeError: ``exported`` is neither ``Exported`` nor ``Capture``.
+        TypeError: ``exported`` is neither ``Exported`` nor ``Capture``, or ``patches`` is not
+            a tuple of callables.
         LoweringError: torch.export, ExecuTorch or its runtime failed; names the component and model.
 
     Example:
-        >>> import torch, hfx
+        >>> import contextlib, torch, hfx
         >>> lin = hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4))
         >>> program = lower_to_pte(lin, max_sizes={"batch": 16})
         >>> program(input=torch.ones(5, 3)).shape, dict(program.max_sizes)
         (torch.Size([5, 4]), {'batch': 16})
+        >>> @contextlib.contextmanager
+        ... def my_patch():
+        ...     yield
+        >>> lower_to_pte(lin, patches=(*hfx.backends.PTE_PATCHES, my_patch)).patches[-2:]
+        ('patch_exact_upper_bounds', 'my_patch')
     """
     require("executorch", extra="executorch")
+    patches = fixes_option(patches, stage="lower_to_pte", option="patches", default="PTE_PATCHES")
     exported = as_exported(exported, stage="lower_to_pte")
     bounds = pte_bounds(exported, max_sizes=max_sizes)
     with _quietly() as log:
         exported = for_runtime(exported)  # an ExecuTorch program cannot write its inputs or run asserts
         with spec_caches(exported.io):
-            buffer, kept = _to_pte(exported, bounds, log)
+            buffer, kept = _to_pte(exported, bounds, log, patches)
     io_spec = attrs.evolve(exported.io, bounds={**exported.io.bounds, **kept})
     try:
-        return PteProgram(buffer=buffer, io=io_spec, name=exported.name)
+        return PteProgram(buffer=buffer, io=io_spec, name=exported.name, patches=fix_names(patches))
     except LoweringError as exc:
         what = f"the program was built, but the ExecuTorch runtime refused it: {first_line(exc)}."
         todo = "The runtime's output below names the operator or delegate; replace it with a patch at export."
@@ -258,9 +276,9 @@ def pte_bounds(
 
 
 def _to_pte(
-    exported: Exported, bounds: Mapping[str, tuple[int, int]], log: io.StringIO
+    exported: Exported, bounds: Mapping[str, tuple[int, int]], log: io.StringIO, patches: tuple[Patch, ...]
 ) -> tuple[bytes, dict[str, tuple[int, int]]]:
-    """Export the graph again with ``bounds``, lower it to XNNPACK and serialise it; also return the bounds kept."""
+    """Export the graph again with ``bounds``, lower it under ``patches`` and serialise it; also the bounds kept."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
@@ -271,8 +289,7 @@ def _to_pte(
         todo = "Lower with other max_sizes; the error names the dim torch.export disagrees with."
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
     try:
-        program = decomposed_for_edge(program)
-        with with_patches(*LOWERING_PATCHES):
+        with with_patches(*patches):
             edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
             return edge.to_executorch().buffer, kept
     except Exception as exc:
@@ -282,31 +299,6 @@ def _to_pte(
             "export (export(patches=...)); the log below names the pass that failed."
         )
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
-
-
-def decomposed_for_edge(program: torch.export.ExportedProgram, /) -> torch.export.ExportedProgram:
-    """``program`` with each op of ``EDGE_DECOMPOSED_OPS`` it calls decomposed by torch's own decomposition.
-
-    ExecuTorch's edge verifier accepts core ATen ops only, and ``to_edge``
-    decomposes with torch's core-ATen table, which leaves these ops out (and
-    ExecuTorch has no kernel for them): "Operator torch._ops.aten.bucketize.Tensor
-    is not in Core ATen opset". A program without them is returned as it is;
-    otherwise ``run_decompositions`` returns a new program (``program`` is kept).
-
-    Example:
-        >>> import torch
-        >>> class Buckets(torch.nn.Module):
-        ...     def forward(self, x):
-        ...         return torch.bucketize(x, torch.tensor([0.0, 1.0]), right=True)
-        >>> ep = decomposed_for_edge(torch.export.export(Buckets(), (torch.tensor([-1.0, 0.0, 2.0]),)))
-        >>> torch.ops.aten.bucketize.Tensor in {n.target for n in ep.graph.nodes}, ep.module()(torch.tensor([-1.0, 0.0, 2.0]))
-        (False, tensor([0, 1, 2]))
-    """
-    from torch._decomp import decomposition_table
-
-    present = {node.target for node in program.graph.nodes if node.op == "call_function"}
-    table = {op: decomposition_table[op] for op in EDGE_DECOMPOSED_OPS if op in present}
-    return program.run_decompositions(table) if table else program
 
 
 def _bounded(
@@ -339,84 +331,6 @@ def _bounded(
         narrower = again.dynamic_shapes.bounds.get(name, (lo, hi))[1]
         kept[name] = (lo, min(hi, narrower if narrower is not None else hi))
     return again.program, kept
-
-
-@contextlib.contextmanager
-def patch_edge_verifier_sym_functions() -> Iterator[None]:
-    """Let ExecuTorch's edge verifier accept the Python sym functions (``torch.sym_min``) of runtime asserts.
-
-    An export that keeps guard-unprovable guards as runtime asserts (a decode
-    step's cache contiguity check, ``Min(16*p + 16, 32*p + 32) == 16*p + 16``)
-    has ``torch.sym_min`` nodes feeding ``_assert_scalar``. Every decomposition
-    re-inserts them, and executorch 1.5.1's edge verifier fails on any plain
-    Python function: "assert op.__name__ in ('alloc',)" (exir/verification/verifier.py).
-    ExecuTorch itself maps these functions to ``executorch_prim`` ops
-    (``EdgeToBackendOpsPass``) and drops the asserts (``RemoveGraphAssertsPass``),
-    but only in ``to_executorch``, after the verifier has run. This adds the
-    functions that pass maps to the verifier's allowlist for the lowering only.
-    Delete when the verifier accepts them (no upstream issue found for 1.5.1; the
-    Transformers exporter carries the same workaround, ``_extend_sym_ops_allowlist``).
-    """
-    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
-    from executorch.exir.verification import verifier
-
-    allowed = {*vars(verifier)["_EXECUTORCH_SYM_OPS"], *_PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS}
-    with swap_attr(verifier, "_EXECUTORCH_SYM_OPS", allowed):
-        yield
-
-
-def _returns_one_tensor_list(target: Any) -> bool:
-    """Whether ``target`` is an edge op whose schema returns a single ``Tensor[]`` (``split_with_sizes_copy``, ``unbind_copy``)."""
-    returns = getattr(getattr(target, "_schema", None), "returns", ())
-    return len(returns) == 1 and returns[0].type == torch.ListType.ofTensors()
-
-
-def _validating_list_returns_whole(original: Any) -> Any:
-    """Wrap ``EdgeOpArgValidator.call_function`` so that it sees a ``Tensor[]`` return as one value, not as its items."""
-
-    @functools.wraps(original)
-    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:  # noqa: ANN001
-        if not _returns_one_tensor_list(target):
-            return original(self, target, args, kwargs)
-        with swap_item(self.node.meta, "val", (self.node.meta["val"],)):
-            return original(self, target, args, kwargs)
-
-    call_function.__wrapped__ = original
-    return call_function
-
-
-@contextlib.contextmanager
-def patch_edge_validator_list_returns() -> Iterator[None]:
-    """Keep ExecuTorch's edge dtype validator from fixing the batch of a graph that splits a batched tensor.
-
-    executorch 1.5.1's ``EdgeOpArgValidator.call_function``
-    (exir/verification/arg_validator.py:103-129) iterates ``node.meta["val"]``
-    as the op's list of returns. For an op that returns one ``Tensor[]``
-    (``split_with_sizes_copy``, ``split_copy``, ``unbind_copy``: any
-    ``chunk``/``split``/``unbind``) that list is the split's pieces, so it takes
-    the first piece for the whole return and calls ``range(len(piece))`` on it:
-    the piece's symbolic dim 0 (the batch) is specialised to its trace size, the
-    guard ``Eq(batch, 2)`` enters the program's shape environment and the memory
-    plan, and the ``.pte`` runs at the trace batch only ("Attempted to resize a
-    static tensor", 0x12; Mamba's ``in_proj(...).chunk(2, dim=1)``). This hands
-    the validator such a return wrapped in a one-item tuple, which is what it
-    expects. Delete when the validator handles a single ``Tensor[]`` return.
-    """
-    from executorch.exir.verification.arg_validator import EdgeOpArgValidator
-
-    original = vars(EdgeOpArgValidator)["call_function"]
-    with swap_attr(EdgeOpArgValidator, "call_function", _validating_list_returns_whole(original)):
-        yield
-
-
-# The patches ``lower_to_pte`` enters around ExecuTorch's lowering (edge verifier, XNNPACK partitioner).
-LOWERING_PATCHES: tuple[Patch, ...] = (
-    patch_edge_verifier_sym_functions,
-    patch_edge_validator_list_returns,
-    patch_xnnpack_partitioner,
-    patch_exact_upper_bounds,
-    patch_sdpa_decomposition_layout,
-)
 
 
 def _load_program(buffer: bytes, name: str) -> Any:
@@ -498,10 +412,11 @@ def save_files(program: PteProgram, directory: Path) -> dict[str, Any]:
     """Write ``<name>.pte`` into ``directory``; return the manifest entry (the bounds are in ``io``)."""
     filename = f"{program.name}.pte"
     (Path(directory) / filename).write_bytes(program.buffer)
-    return {"files": [filename]}
+    return {"files": [filename], "patches": list(program.patches)}
 
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> PteProgram:
     """Load a program written by ``save_files`` (the whole ``.pte`` is read into memory)."""
     require("executorch", extra="executorch")
-    return PteProgram(buffer=(Path(directory) / entry["files"][0]).read_bytes(), io=io, name=name)
+    buffer = (Path(directory) / entry["files"][0]).read_bytes()
+    return PteProgram(buffer=buffer, io=io, name=name, patches=entry.get("patches", ()))

@@ -6,14 +6,16 @@ converter work on. Keeping that form needs no conversion after lowering, and it
 is not bound by protobuf's 2 GB limit: ``save_files`` streams the weights to
 ``<name>.onnx.data`` and large models reach ONNX Runtime as files. Use
 ``onnx_ir.to_proto(program.model)`` where an ``onnx.ModelProto`` is needed.
+The exporter's and ONNX Runtime's bugs are worked around by the fixes of
+``_onnx_fixes`` (``ONNX_FIXES``, the ``fixes`` option), wrapped around ``torch.onnx.export``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import io
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,13 @@ from hfx.backends._common import (
     as_exported,
     captured_output,
     first_line,
+    fix_names,
+    fixes_option,
     lowering_error,
     require,
     root_cause,
 )
+from hfx.backends._onnx_fixes import ONNX_FIXES, OnnxFix
 
 RUNTIME = "onnx"
 
@@ -59,14 +64,16 @@ class OnnxProgram:
 
     ``model`` is an ``onnx_ir.Model`` whose graph inputs and outputs carry the
     names of ``io`` and whose dynamic axes carry hfx's dim names (``batch``,
-    ``sequence``). Calling the program checks the keyword arguments against
-    ``io``, runs the CPU session and returns the model's output structure.
+    ``sequence``). ``fixes`` names the fixes it was lowered with
+    (``lower_to_onnx(fixes=...)``). Calling the program checks the keyword
+    arguments against ``io``, runs the CPU session and returns the model's output structure.
     """
 
     model: Any = attrs.field(repr=False)  # onnx_ir.Model
     io: IoSpec
     name: str = "model"
     opset: int = MIN_OPSET
+    fixes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     _session: Any = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda self: _new_session(self.model), takes_self=True)
     )
@@ -117,17 +124,30 @@ def _numpy_dtype(tensor: torch.Tensor) -> Any:
 
 @curry
 @per_component
-def lower_to_onnx(exported: Exported | Capture, /, *, opset: int = MIN_OPSET, optimize: bool = True) -> OnnxProgram:
+def lower_to_onnx(
+    exported: Exported | Capture,
+    /,
+    *,
+    opset: int = MIN_OPSET,
+    optimize: bool = True,
+    fixes: tuple[OnnxFix, ...] = ONNX_FIXES,
+) -> OnnxProgram:
     """Lower ``exported`` to an ONNX model and open an ONNX Runtime session on it.
 
-    The ``Exported`` is not changed; lower it again, or to another runtime, at
-    will. ``torch.onnx``'s progress messages, log records and warnings are kept
-    for the error message and never reach the console.
+    ``torch.onnx.export`` runs wrapped in ``fixes``, the workarounds of the
+    exporter's and ONNX Runtime's bugs (``hfx.backends.ONNX_FIXES``); the program
+    records their names in ``fixes``. The ``Exported`` is not changed; lower it
+    again, or to another runtime, at will. ``torch.onnx``'s progress messages, log
+    records and warnings are kept for the error message and never reach the console.
 
     Args:
         exported: an ``Exported`` (a ``Capture`` is exported first), or ``Components`` of them.
         opset: the default-domain ONNX opset, at least 18.
         optimize: run the onnxscript optimizer (constant folding, redundancy removal).
+        fixes: functions ``fix(convert) -> onnx_ir.Model``, where ``convert()`` runs the export
+            (and the fixes before this one) and returns the model with hfx's names; each
+            wraps the ones before it. ``ONNX_FIXES`` extended
+            (``(*hfx.backends.ONNX_FIXES, my_fix)``) or filtered, or your own.
 
     Returns:
         An ``OnnxProgram`` callable like the model (``Components`` of them for ``Components``).
@@ -135,22 +155,32 @@ def lower_to_onnx(exported: Exported | Capture, /, *, opset: int = MIN_OPSET, op
     Raises:
         ImportError: onnx, onnxscript or onnxruntime is missing (install ``hfx[onnx]``).
         ValueError: ``opset`` is out of range.
-        TypeError: ``exported`` is neither ``Exported`` nor ``Capture``.
+        TypeError: ``exported`` is neither ``Exported`` nor ``Capture``, or ``fixes`` is not a
+            tuple of callables.
         LoweringError: torch.onnx or ONNX Runtime failed; names the component and model.
 
     Example:
         >>> import torch, hfx
-        >>> program = lower_to_onnx(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4)))
+        >>> linear = hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4))
+        >>> program = lower_to_onnx(linear)
         >>> program(input=torch.ones(5, 3)).shape
         torch.Size([5, 4])
+        >>> def documented(convert):
+        ...     model = convert()
+        ...     model.doc_string = "a Linear"
+        ...     return model
+        >>> program = lower_to_onnx(linear, fixes=(*hfx.backends.ONNX_FIXES, documented))
+        >>> program.model.doc_string, program.fixes[-1]
+        ('a Linear', 'documented')
     """
     require("onnx", "onnxscript", "onnxruntime", extra="onnx")
     check_opset(opset)
+    fixes = fixes_option(fixes, stage="lower_to_onnx", option="fixes", default="ONNX_FIXES")
     exported = for_runtime(as_exported(exported, stage="lower_to_onnx"))
     with spec_caches(exported.io):
-        model = _to_onnx(exported, opset=opset, optimize=optimize)
+        model = _to_onnx(exported, opset=opset, optimize=optimize, fixes=fixes)
     try:
-        return OnnxProgram(model=model, io=exported.io, name=exported.name, opset=opset)
+        return OnnxProgram(model=model, io=exported.io, name=exported.name, opset=opset, fixes=fix_names(fixes))
     except Exception as exc:
         what = f"ONNX Runtime could not load the lowered model: {first_line(exc)}."
         todo = (
@@ -169,20 +199,27 @@ def check_opset(opset: int) -> None:
         raise ValueError(msg)
 
 
-def _to_onnx(exported: Exported, *, opset: int, optimize: bool) -> Any:
-    """Run ``torch.onnx.export`` on the ExportedProgram and give the graph hfx's names."""
+def _to_onnx(exported: Exported, *, opset: int, optimize: bool, fixes: tuple[OnnxFix, ...]) -> Any:
+    """Run ``torch.onnx.export`` on the ExportedProgram, give the graph hfx's names and wrap it all in ``fixes``."""
     log = io.StringIO()
+
+    def convert() -> Any:
+        onnx_program = torch.onnx.export(
+            exported.program,
+            dynamo=True,
+            opset_version=opset,
+            optimize=optimize,
+            verbose=False,
+            input_names=list(exported.io.input_names),
+            output_names=list(exported.io.output_names),
+        )
+        onnx_program.rename_axes(_dim_names(onnx_program.model.graph.inputs, exported.io))
+        _name_output_dims(onnx_program.model, exported.io)
+        return onnx_program.model
+
     try:
-        with _quietly(log), _grad_mode_of_export():
-            onnx_program = torch.onnx.export(
-                exported.program,
-                dynamo=True,
-                opset_version=opset,
-                optimize=optimize,
-                verbose=False,
-                input_names=list(exported.io.input_names),
-                output_names=list(exported.io.output_names),
-            )
+        with _quietly(log):
+            model = _wrapped(convert, fixes)()
     except Exception as exc:
         what = f"torch.onnx.export failed: {root_cause(exc)}."
         todo = (
@@ -190,96 +227,13 @@ def _to_onnx(exported: Exported, *, opset: int, optimize: bool) -> Any:
             "(export(patches=...)) or lower exported.program with torch.onnx.export(custom_translation_table=...)."
         )
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
-    _check_contract(exported, onnx_program.model, opset, log.getvalue())
-    _bfloat16_arithmetic_in_float32(onnx_program.model)
-    onnx_program.rename_axes(_dim_names(onnx_program.model.graph.inputs, exported.io))
-    _name_output_dims(onnx_program.model, exported.io)
-    return onnx_program.model
+    _check_contract(exported, model, opset, log.getvalue())
+    return model
 
 
-# Elementwise ops that ONNX Runtime's CPU provider (1.32) has no bfloat16 kernel for, and whose float32
-# result rounded to bfloat16 is what torch computes for bfloat16 on CPU (it upcasts each element).
-_BFLOAT16_UPCAST_OPS = frozenset({
-    "Abs", "Add", "Cos", "Div", "Equal", "Erf", "Exp", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Log",
-    "Max", "Min", "Mul", "Neg", "Pow", "Reciprocal", "Sigmoid", "Sin", "Sqrt", "Sub", "Tanh", "Where",
-})
-
-
-def _bfloat16_arithmetic_in_float32(model: Any) -> None:
-    """Compute each bfloat16 elementwise op of ``model`` in float32 between two ``Cast`` s, in place.
-
-    A float32 model can hold a little bfloat16 arithmetic: Falcon's ALiBi slopes
-    (``build_alibi_tensor``: ``slopes[..., None].bfloat16() * arange_tensor``) give a
-    bfloat16 ``Mul``, which ONNX Runtime's CPU provider cannot load ("NOT_IMPLEMENTED :
-    Could not find an implementation for Mul(14)"). Each such op reads its bfloat16 inputs
-    cast to float32 and its bfloat16 outputs are cast back, which rounds exactly as torch's
-    CPU kernels do. Delete when ONNX Runtime has bfloat16 CPU kernels for these ops.
-    """
-    import onnx_ir as ir
-
-    bf16 = ir.DataType.BFLOAT16
-    for node in list(model.graph.all_nodes()):
-        values = [v for v in (*node.inputs, *node.outputs) if v is not None]
-        if node.domain not in ("", "ai.onnx") or node.op_type not in _BFLOAT16_UPCAST_OPS:
-            continue
-        if not any(v.dtype == bf16 for v in values):
-            continue
-        for index, value in enumerate(node.inputs):
-            if value is not None and value.dtype == bf16:
-                upcast = _cast(value, ir.DataType.FLOAT)
-                node.graph.insert_before(node, upcast)
-                node.replace_input_with(index, upcast.outputs[0])
-        for value in node.outputs:
-            if value.dtype == bf16:
-                _round_output_to_bfloat16(node, value)
-
-
-def _cast(value: Any, dtype: Any) -> Any:
-    """A ``Cast`` node of ``value`` to ``dtype`` (its output typed and shaped)."""
-    import onnx_ir as ir
-
-    node = ir.Node("", "Cast", [value], [ir.AttrInt64("to", dtype)], num_outputs=1)
-    node.outputs[0].dtype = dtype
-    node.outputs[0].shape = value.shape
-    return node
-
-
-def _round_output_to_bfloat16(node: Any, value: Any) -> None:
-    """Make ``node``'s output ``value`` float32 and give its readers (and the graph output) a bfloat16 ``Cast`` of it."""
-    import onnx_ir as ir
-
-    uses = list(value.uses())
-    name = value.name
-    value.dtype = ir.DataType.FLOAT
-    value.name = f"{name}_float32"
-    rounded = _cast(value, ir.DataType.BFLOAT16)
-    rounded.outputs[0].name = name
-    node.graph.insert_after(node, rounded)
-    for user, index in uses:
-        user.replace_input_with(index, rounded.outputs[0])
-    outputs = node.graph.outputs
-    for position, output in enumerate(outputs):
-        if output is value:
-            outputs[position] = rounded.outputs[0]
-
-
-def _grad_mode_of_export() -> contextlib.AbstractContextManager[Any]:
-    """Lower under ``no_grad``, as ``export`` traced, so torch.onnx's fake re-run of the graph sees the traced strides.
-
-    torch.onnx (2.13) re-runs the decomposed graph on fake tensors in its
-    InsertTypePromotion pass with grad enabled, where parameters require grad.
-    An attention mask built from a parameter (T5's relative position bias; mT5,
-    UMT5) then requires grad, so CPU SDPA takes the math kernel, whose output is
-    contiguous (B, H, S, D), instead of the flash kernel it was traced with, whose
-    output is laid out (B, S, H, D) (pytorch/pytorch#133671). The
-    ``.transpose(1, 2).contiguous()`` after SDPA was a no-op at trace time and left
-    no node, and torch.onnx's decompositions had turned the ``reshape`` after it
-    into a ``view`` the re-run layout cannot take: "Cannot view a tensor with
-    shape ... and strides ..." (pytorch/pytorch#136543, #179287). The grad mode
-    changes no value, only the kernel the fake run picks. Delete when torch.onnx
-    re-runs graphs under ``no_grad`` or torch.export keeps no-op ``contiguous`` calls.
-    """
-    return torch.no_grad()
+def _wrapped(convert: Callable[[], Any], fixes: tuple[OnnxFix, ...]) -> Callable[[], Any]:
+    """``convert`` wrapped in each of ``fixes`` in turn: the first fix is the innermost."""
+    return functools.reduce(lambda inner, fix: functools.partial(fix, inner), fixes, convert)
 
 
 def _quietly(buffer: io.StringIO) -> Any:
@@ -358,7 +312,7 @@ def save_files(program: OnnxProgram, directory: Path) -> dict[str, Any]:
     ir.save(program.model, directory / filename, external_data=f"{filename}.data", size_threshold_bytes=256,
             alignment=65536)
     files = [f for f in (filename, f"{filename}.data") if (directory / f).is_file()]
-    return {"files": files, "opset": program.opset}
+    return {"files": files, "opset": program.opset, "fixes": list(program.fixes)}
 
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> OnnxProgram:
@@ -370,4 +324,5 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
     tensors = [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
     if sum(t.nbytes for t in tensors) <= _IN_MEMORY_LIMIT:
         ir.external_data.load_to_model(model)  # the program then outlives its directory
-    return OnnxProgram(model=model, io=io, name=name, opset=int(entry.get("opset", MIN_OPSET)))
+    opset = int(entry.get("opset", MIN_OPSET))
+    return OnnxProgram(model=model, io=io, name=name, opset=opset, fixes=entry.get("fixes", ()))

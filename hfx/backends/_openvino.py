@@ -1,7 +1,8 @@
 """The OpenVINO runtime: an ``Exported`` converted to an ``openvino.Model`` and compiled for a device.
 
 ``lower_to_ov`` decomposes a private copy of the exported program with the
-table ``openvino.convert_model`` uses, applies ``GRAPH_FIXES`` to that copy,
+table ``openvino.convert_model`` uses, applies the graph fixes
+(``OV_GRAPH_FIXES``, in ``_openvino_fixes``) to that copy,
 converts it with OpenVINO's PyTorch frontend, gives the model the ``IoSpec``'s
 input and output names and input shapes, and compiles it with f32 inference
 precision. The ``OvProgram`` owns its weights: nothing in it aliases the eager
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -27,7 +28,8 @@ from hfx._lift import per_component
 from hfx._records import Capture, Exported, IoSpec, TensorSpec
 from hfx._export.updates import for_runtime
 from hfx._pytree import spec_caches
-from hfx.backends._common import as_exported, require
+from hfx.backends._common import as_exported, fix_names, fixes_option, require
+from hfx.backends._openvino_fixes import OV_GRAPH_FIXES, OvGraphFix
 
 RUNTIME = "openvino"
 
@@ -47,8 +49,9 @@ def _core() -> Any:
 class OvProgram:
     """An OpenVINO model, its calling contract and the model compiled for ``device``.
 
-    ``model``'s inputs and outputs carry the names of ``io``. Calling the
-    program checks the keyword arguments against ``io``, runs one inference
+    ``model``'s inputs and outputs carry the names of ``io``; ``graph_fixes``
+    names the graph fixes it was lowered with (``lower_to_ov(graph_fixes=...)``).
+    Calling the program checks the keyword arguments against ``io``, runs one inference
     request and returns the model's output structure with torch tensors. Each
     call uses its own request, so a program can be called from several threads.
     To compile for another device, ``attrs.evolve(program, device="GPU")``.
@@ -59,6 +62,7 @@ class OvProgram:
     name: str = "model"
     device: str = "CPU"
     source_class: str = ""
+    graph_fixes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     _compiled: Any = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda self: _compile(self), takes_self=True)
     )
@@ -104,49 +108,69 @@ def _compile(program: OvProgram) -> Any:
 
 @curry
 @per_component
-def lower_to_ov(exported: Exported | Capture, /, *, device: str = "CPU") -> OvProgram:
+def lower_to_ov(
+    exported: Exported | Capture,
+    /,
+    *,
+    device: str = "CPU",
+    graph_fixes: tuple[OvGraphFix, ...] = OV_GRAPH_FIXES,
+) -> OvProgram:
     """Convert an exported program to an OpenVINO model and compile it for ``device``.
 
     The model's inputs and outputs carry the ``IoSpec``'s names, its dynamic
     axes are dynamic in OpenVINO with the export's bounds, and it computes in f32
     (``COMPILE_OPTIONS``) so that it matches eager. The graph's runtime asserts
     are dropped and inputs it writes in place (a static cache) become trailing
-    ``updated.*`` outputs that each call copies back (``for_runtime``).
-    ``exported`` is not changed: OpenVINO's decompositions run on a copy, and the
-    OpenVINO constants are copies of the weights. Python warnings raised during
-    conversion are kept from the caller and attached to the error if conversion fails.
+    ``updated.*`` outputs that each call copies back (``for_runtime``). Before
+    conversion, ``graph_fixes`` rewrite the decomposed graph around the gaps of
+    OpenVINO's frontend (``hfx.backends.OV_GRAPH_FIXES``); the program records
+    their names in ``graph_fixes``. ``exported`` is not changed: OpenVINO's
+    decompositions and the fixes run on a copy, and the OpenVINO constants are
+    copies of the weights. Python warnings raised during conversion are kept from
+    the caller and attached to the error if conversion fails.
 
     Args:
         exported: an ``Exported`` or a ``Capture`` (exported first), or ``Components`` of them.
         device: the OpenVINO device to compile for (``"CPU"``, ``"GPU"``, ``"AUTO"`` …).
+        graph_fixes: functions ``fix(graph) -> None`` that rewrite the decomposed
+            ``torch.fx.Graph`` in place, applied in order: ``OV_GRAPH_FIXES`` extended
+            (``(*hfx.backends.OV_GRAPH_FIXES, my_fix)``) or filtered, or your own.
 
     Returns:
         An ``OvProgram``, callable like the model.
 
     Raises:
         ImportError: openvino is not installed (``pip install 'hfx[openvino]'``).
-        TypeError: ``exported`` is neither an ``Exported`` nor a ``Capture``, or ``device`` is not a string.
+        TypeError: ``exported`` is neither an ``Exported`` nor a ``Capture``, ``device`` is not a
+            string, or ``graph_fixes`` is not a tuple of callables.
         LoweringError: OpenVINO could not convert or compile the program.
 
     Example:
         >>> import torch, hfx
-        >>> ov = lower_to_ov(hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4))))
+        >>> linear = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4)))
+        >>> ov = lower_to_ov(linear)
         >>> ov(input=torch.ones(5, 3)).shape
         torch.Size([5, 4])
+        >>> seen = []
+        >>> ov = lower_to_ov(linear, graph_fixes=(*hfx.backends.OV_GRAPH_FIXES, seen.append))
+        >>> len(seen), ov.graph_fixes[-2:]
+        (1, ('separate_outputs', 'append'))
     """
     require("openvino", extra="openvino")
     if not isinstance(device, str):
         msg = f"lower_to_ov: device must be an OpenVINO device name such as 'CPU', got {device!r}"
         raise TypeError(msg)
+    graph_fixes = fixes_option(graph_fixes, stage="lower_to_ov", option="graph_fixes", default="OV_GRAPH_FIXES")
     exported = as_exported(exported, stage="lower_to_ov")
     with _quiet() as caught, spec_caches(exported.io):
         try:
             exported = for_runtime(exported)  # asserts dropped; in-place writes (a static cache) become outputs
-            model = _convert(exported)
+            model = _convert(exported, graph_fixes)
         except Exception as exc:
             raise _conversion_error(exported, exc, caught) from exc
         return OvProgram(
-            model=model, io=exported.io, name=exported.name, device=device, source_class=exported.source_class
+            model=model, io=exported.io, name=exported.name, device=device, source_class=exported.source_class,
+            graph_fixes=fix_names(graph_fixes),
         )
 
 
@@ -175,14 +199,14 @@ def _quiet() -> Iterator[list[warnings.WarningMessage]]:
         yield caught
 
 
-def _convert(exported: Exported) -> Any:
-    """The ``openvino.Model`` of ``exported``, with the IoSpec's port names and input shapes."""
+def _convert(exported: Exported, graph_fixes: tuple[OvGraphFix, ...]) -> Any:
+    """The ``openvino.Model`` of ``exported``, rewritten by ``graph_fixes``, with the IoSpec's names and shapes."""
     import openvino
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
     # run_decompositions returns a new program and module() a new GraphModule; exported.program is not touched.
     module = exported.program.run_decompositions(_decompositions()).module()
-    for fix in GRAPH_FIXES:
+    for fix in graph_fixes:
         fix(module.graph)
     module.recompile()
     model = openvino.convert_model(TorchFXPythonDecoder(module, dynamic_shapes=True))
@@ -213,150 +237,6 @@ def _decompositions() -> Any:
     for op in ops_to_not_decompose():
         table.pop(op, None)
     return table
-
-
-def _separate_outputs(graph: Any) -> None:
-    """Give each graph output its own node when it repeats another output or returns an input as is.
-
-    OpenVINO's PyTorch frontend names a tensor after the output that returns it:
-    a tensor returned twice fails conversion ("Tensor name is not a number",
-    translate_session.cpp), and naming a returned input renames the input too.
-    ``x * 1`` (``x & x`` for bool) survives conversion as a node of its own.
-    """
-    import torch
-
-    aten = torch.ops.aten
-    output = next(node for node in reversed(graph.nodes) if node.op == "output")
-    seen: set[Any] = set()
-    values = []
-    for value in output.args[0]:
-        if isinstance(value, torch.fx.Node) and (value in seen or value.op == "placeholder"):
-            is_bool = getattr(value.meta.get("val"), "dtype", None) == torch.bool
-            with graph.inserting_before(output):
-                if is_bool:
-                    value = graph.call_function(aten.logical_and.default, (value, value))
-                else:
-                    value = graph.call_function(aten.mul.Tensor, (value, 1))
-        seen.add(value)
-        values.append(value)
-    output.args = (type(output.args[0])(values),)
-
-
-def _negate_by_multiplying(graph: Any) -> None:
-    """Rewrite ``aten.neg(x)`` as ``x * -1`` so the in-memory model compiles like its saved form.
-
-    OpenVINO 2026.4 converts ``neg`` to ``x * convert(-1 as i32)``, which
-    ``convert_model`` marks as a dequantization (``dequantization_node``,
-    ``DisableConstantFolding``). The marks are not saved in the IR: in memory they
-    stop the CPU plugin's RoPE fusion (rotate_half) and a saved and read-back model
-    computes other (1e-7) numbers than the program that saved it. Delete when the
-    neg conversion no longer carries the marks (``program._compiled.get_runtime_model()``
-    lists ``RoPE`` nodes for Llama without this fix).
-    """
-    import torch
-
-    for node in [n for n in graph.nodes if n.target is torch.ops.aten.neg.default]:
-        with graph.inserting_before(node):
-            product = graph.call_function(torch.ops.aten.mul.Tensor, (node.args[0], -1))
-        product.meta.update(node.meta)
-        node.replace_all_uses_with(product)
-        graph.erase_node(node)
-
-
-def _static_view_sizes(graph: Any) -> None:
-    """Write the size a ``view``/``reshape`` infers for ``-1`` when the graph knows it statically.
-
-    Falcon's decode step reshapes its ALiBi bias ``[batch*heads, 1, past+1]`` to
-    ``(batch, -1, 1, past+1)``. OpenVINO 2026.4's symbolic shape optimisation
-    (at ``convert_model``) rewrites that target to ``[0, 1, 1, -1]`` (``0``: copy
-    the input's dim 0, ``batch*heads``), so the compiled model fails at run time
-    ("Eltwise shape infer input shapes dim index: 0 mismatch", intel_cpu
-    eltwise.cpp). With the static ``heads`` written in place of ``-1`` the
-    target converts as traced. Delete when OpenVINO keeps such a target.
-    """
-    import torch
-
-    aten = torch.ops.aten
-    for node in graph.nodes:
-        if node.target not in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
-            continue
-        target = list(node.args[1])
-        shape = getattr(node.meta.get("val"), "shape", None)
-        if shape is None or len(shape) != len(target) or -1 not in target:
-            continue
-        index = target.index(-1)
-        if isinstance(shape[index], int):
-            target[index] = shape[index]
-            node.args = (node.args[0], target, *node.args[2:])
-
-
-def _mod_by_floordiv(graph: Any) -> None:
-    """Rewrite ``a % b`` on sizes (``operator.mod``) as ``a - (a // b) * b``, which is the same for ints.
-
-    Shape arithmetic such as Swin's window padding (``(window - width % window) % window``) stays
-    in the exported graph as ``operator.mod`` on SymInts when the image size is dynamic; OpenVINO
-    2026.4's PyTorch frontend converts ``operator`` ``add``, ``sub``, ``mul``, ``floordiv`` and ``neg``
-    but not ``mod`` ("No conversion rule found for operations: <built-in function mod>"). Delete
-    when the frontend converts ``mod``.
-    """
-    import operator
-
-    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is operator.mod]:
-        dividend, divisor = node.args
-        with graph.inserting_before(node):
-            quotient = _sym_node(graph, operator.floordiv, dividend, divisor)
-            multiple = _sym_node(graph, operator.mul, quotient, divisor)
-            remainder = _sym_node(graph, operator.sub, dividend, multiple)
-        remainder.meta.update(node.meta)
-        node.replace_all_uses_with(remainder)
-        graph.erase_node(node)
-
-
-def _sym_node(graph: Any, function: Callable[[Any, Any], Any], left: Any, right: Any) -> Any:
-    """A ``call_function`` node of ``function(left, right)`` whose ``val`` meta is that of its operands'."""
-    node = graph.call_function(function, (left, right))
-    values = [v.meta.get("val") if hasattr(v, "meta") else v for v in (left, right)]
-    if all(v is not None for v in values):
-        node.meta["val"] = function(*values)
-    return node
-
-
-def _drop_empty_cat_operands(graph: Any) -> None:
-    """Drop the 1-D empty operands of ``aten.cat`` (a transformers cache layer's first update).
-
-    ``torch.cat`` skips a legacy empty ``f32[0]`` operand whatever the others'
-    rank; a prefill's ``DynamicLayer`` concatenates its empty initial keys that
-    way. OpenVINO 2026.4 fails on it ("Conversion is failed for: SequenceMark,
-    aten.cat.default"). Delete when OpenVINO converts such a cat.
-    """
-    import torch
-
-    for node in [n for n in graph.nodes if n.target is torch.ops.aten.cat.default]:
-        operands = list(node.args[0])
-        kept = [v for v in operands if not _is_legacy_empty(v)]
-        if not kept or len(kept) == len(operands):
-            continue
-        node.args = (kept, *node.args[1:])
-        for value in operands:
-            if value not in kept and not value.users:
-                graph.erase_node(value)
-
-
-def _is_legacy_empty(value: Any) -> bool:
-    """Whether ``value`` is a node of shape ``[0]``, which ``torch.cat`` skips."""
-    shape = getattr(getattr(value, "meta", {}).get("val"), "shape", None)
-    return shape is not None and len(shape) == 1 and isinstance(shape[0], int) and shape[0] == 0
-
-
-# Rewrites of the decomposed FX graph (a private copy) that OpenVINO's PyTorch frontend needs, in order.
-# _separate_outputs comes last: the others may leave an output that is another output or an input.
-GRAPH_FIXES: tuple[Callable[[Any], None], ...] = (
-    _static_view_sizes,
-    _drop_empty_cat_operands,
-    _negate_by_multiplying,
-    _mod_by_floordiv,
-    _separate_outputs,
-)
 
 
 def _own_constants(model: Any) -> None:
@@ -450,7 +330,8 @@ def save_files(program: OvProgram, directory: Path) -> dict[str, Any]:
     xml = f"openvino_{program.name}.xml"
     openvino.save_model(program.model, directory / xml, compress_to_fp16=False)
     files = [xml, xml.removesuffix(".xml") + ".bin"]
-    return {"files": files, "device": program.device, "source_class": program.source_class}
+    return {"files": files, "device": program.device, "source_class": program.source_class,
+            "graph_fixes": list(program.graph_fixes)}
 
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> OvProgram:
@@ -458,6 +339,7 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
     require("openvino", extra="openvino")
     model = _core().read_model(directory / entry["files"][0])
     return OvProgram(
-        model=model, io=io, name=name, device=entry.get("device", "CPU"), source_class=entry.get("source_class", "")
+        model=model, io=io, name=name, device=entry.get("device", "CPU"), source_class=entry.get("source_class", ""),
+        graph_fixes=entry.get("graph_fixes", ()),
     )
 

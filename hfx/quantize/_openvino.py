@@ -92,7 +92,7 @@ def _quantize(
             todo = "Try mode='int8', or for 'int4' a group_size that divides the layers' input sizes."
             raise quantization_error(STAGE, program.source_class, program.name, exc, todo, log.getvalue()) from exc
     return OvProgram(model=model, io=program.io, name=program.name, device=program.device,
-                     source_class=program.source_class)
+                     source_class=program.source_class, graph_fixes=program.graph_fixes)
 
 
 def _nncf(model: Any, mode: str, feeds: list[dict[str, Any]] | None, group_size: int, ratio: float) -> Any:

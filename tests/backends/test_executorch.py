@@ -8,6 +8,7 @@ generation tests. Everything else lowers a ``Linear`` (about 1 s) or nothing.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import attrs
@@ -21,18 +22,14 @@ from hfx import zoo  # noqa: E402
 from hfx._errors import InputError, LoweringError  # noqa: E402
 from hfx._save import load, save  # noqa: E402
 from hfx._verify import verify  # noqa: E402
-from hfx.backends import _xnnpack_patches  # noqa: E402
+from hfx.backends import PTE_PATCHES  # noqa: E402
 from hfx.backends._executorch import (  # noqa: E402
     DEFAULT_MAX_SIZE,
     DEFAULT_MAX_SIZES,
     PteProgram,
-    _validating_list_returns_whole,
-    decomposed_for_edge,
     lower_to_pte,
-    patch_edge_verifier_sym_functions,
     pte_bounds,
 )
-from hfx.patches._edge import exact_upper_bound  # noqa: E402
 from tests.helpers import CAPTURE_SHAPE, PARITY_MODELS, eager_tokens, new_inputs  # noqa: E402
 
 BOUNDED = {"batch": 3, "past_sequence": 48}  # the decode mask is "past_sequence + 1", bounded with it
@@ -197,6 +194,7 @@ def test_save_and_load_round_trip(lowered, tmp_path):
     assert sorted(p.name for p in (tmp_path / "llama-pte").iterdir()) == ["hfx.json", "model.pte"]
     assert isinstance(loaded, PteProgram)
     assert loaded.buffer == program.buffer and loaded.io == program.io
+    assert loaded.patches == program.patches == tuple(p.__name__ for p in PTE_PATCHES)
     inputs = new_inputs("llama")
     assert torch.equal(loaded(**inputs).logits, program(**inputs).logits)
 
@@ -225,16 +223,6 @@ def test_an_executorch_failure_is_a_lowering_error(linear, monkeypatch):
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
-def test_verifier_patch_adds_the_sym_functions_to_the_allowlist():
-    from executorch.exir.verification import verifier
-
-    original = vars(verifier)["_EXECUTORCH_SYM_OPS"]
-    with patch_edge_verifier_sym_functions():
-        assert torch.sym_min in verifier._EXECUTORCH_SYM_OPS
-        assert original <= verifier._EXECUTORCH_SYM_OPS
-    assert torch.sym_min not in original
-
-
 def test_missing_executorch_names_the_extra(linear, monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "executorch" else find_spec(name, *a))
@@ -242,169 +230,30 @@ def test_missing_executorch_names_the_extra(linear, monkeypatch):
         lower_to_pte(linear)
 
 
-class _Conv1d(torch.nn.Module):
-    """A wav2vec2-like feature extractor: a strided 1-D convolution over ``[batch, channels, frames]``."""
+def test_the_patches_option_enters_an_extra_patch_around_the_lowering(linear, monkeypatch):
+    import executorch.exir
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv1d(2, 4, kernel_size=3, stride=2)
+    events = []
+    lower = executorch.exir.to_edge_transform_and_lower
 
-    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
-        return self.conv(input_values).relu()
+    def spied(*args, **kwargs):
+        events.append("lowering")
+        return lower(*args, **kwargs)
 
+    @contextlib.contextmanager
+    def my_patch():
+        events.append("enter")
+        yield
+        events.append("exit")
 
-class _Chunked(torch.nn.Module):
-    """A Mamba-like gated projection: ``in_proj(x).chunk(2, dim=-1)`` of a batched tensor."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(4, 8)
-
-    def forward(self, values: torch.Tensor) -> torch.Tensor:
-        value, gate = self.proj(values).chunk(2, dim=-1)
-        return value * torch.sigmoid(gate)
-
-
-class _TanhGelu(torch.nn.Module):
-    """Gemma's MLP activation, ``gelu_pytorch_tanh``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(4, 64)
-
-    def forward(self, values: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.gelu(self.proj(values), approximate="tanh")
+    monkeypatch.setattr(executorch.exir, "to_edge_transform_and_lower", spied)
+    program = lower_to_pte(linear, patches=(*PTE_PATCHES, my_patch))
+    assert events == ["enter", "lowering", "exit"]
+    assert program.patches == (*(p.__name__ for p in PTE_PATCHES), "my_patch")
+    assert torch.allclose(program(input=torch.ones(3, 3)), linear(input=torch.ones(3, 3)), atol=1e-6)
 
 
-class _Bucketed(torch.nn.Module):
-    """Idefics3's patch positions: ``torch.bucketize`` of fractional coordinates into fixed boundaries."""
-
-    def forward(self, values: torch.Tensor) -> torch.Tensor:
-        boundaries = torch.arange(1 / 8, 1.0, 1 / 8)
-        return torch.bucketize(values, boundaries, right=True) * 2 + torch.bucketize(values, boundaries)
-
-
-class _Windowed(torch.nn.Module):
-    """Swin's window partition: pad to even, view as ``[batch, P // 2, P // (P // 2)]`` (always 2), then pairs."""
-
-    def forward(self, values: torch.Tensor) -> torch.Tensor:
-        padded = torch.nn.functional.pad(values, (0, values.shape[1] % 2))
-        windows = padded.view(padded.shape[0], padded.shape[1] // 2, -1)
-        return (windows.unsqueeze(-1) * windows.unsqueeze(-2)).sum(-1)
-
-
-def _lowered_tiny(
-    module: torch.nn.Module, example: torch.Tensor, axes: dict[int, str], *, name: str = "values"
-) -> PteProgram:
-    shapes = hfx.DynamicShapes(axes={name: axes}, bounds={dim: (1, 64) for dim in axes.values()})
-    return lower_to_pte(hfx.export(hfx.capture({name: example}, module, dynamic_shapes=shapes)))
-
-
-def test_a_conv1d_with_two_dynamic_dims_lowers_and_runs_at_new_sizes():
-    torch.manual_seed(0)
-    module = _Conv1d()
-    program = _lowered_tiny(module, torch.randn(2, 2, 20), {0: "batch", 2: "frames"}, name="input_values")
-    x = torch.randn(3, 2, 33)
-    assert torch.allclose(program(input_values=x), module(x), atol=1e-5)
-
-
-def test_a_chunk_of_the_batch_dim_keeps_the_batch_dynamic():
-    torch.manual_seed(0)
-    module = _Chunked()
-    program = _lowered_tiny(module, torch.randn(2, 5, 4), {0: "batch"})
-    assert program.io.bounds["batch"] == (1, DEFAULT_MAX_SIZES["batch"])
-    x = torch.randn(3, 5, 4)
-    assert torch.allclose(program(values=x), module(x), atol=1e-5)
-
-
-def test_the_tanh_gelu_is_computed_as_asked():
-    torch.manual_seed(0)
-    module = _TanhGelu()
-    program = _lowered_tiny(module, torch.randn(2, 4) * 3, {0: "batch"})
-    x = torch.randn(3, 4) * 3
-    hidden = module.proj(x)
-    erf_gap = (torch.nn.functional.gelu(hidden) - module(x)).abs().max()
-    assert erf_gap > 1e-4  # the erf GELU XNNPACK would compute is told apart at this tolerance
-    assert (program(values=x) - module(x)).abs().max() < 1e-5
-
-
-def _node(shape: tuple[object, ...], *args: object, **kwargs: object) -> torch.fx.Node:
-    """An FX ``call_function`` node whose ``meta["val"]`` has ``shape`` (strings are symbolic dims)."""
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    env = ShapeEnv()
-    graph = torch.fx.Graph()
-    node = graph.call_function(torch.ops.aten.relu.default, args, kwargs)
-    sizes = [env.create_unbacked_symint() if isinstance(d, str) else d for d in shape]
-    with torch._subclasses.FakeTensorMode(shape_env=env):
-        node.meta["val"] = torch.empty(sizes)
-    return node
-
-
-def test_the_conv1d_check_refuses_two_dynamic_dims_only_for_1d_convolutions():
-    check = _xnnpack_patches._conv1d_reshapes_have_one_dynamic_dim
-    weight_1d, weight_2d = _node((4, 2, 3)), _node((4, 2, 3, 3))
-    both = _node(("b", 2, "t"))
-    assert not check(_node(("b", 4, "t"), both, weight_1d))
-    assert not check(_node(("b", 4, 9), both, weight_1d))  # the input's unsqueeze has two
-    assert check(_node(("b", 4, 9), _node(("b", 2, 20)), weight_1d))
-    assert check(_node(("b", 4, "h", "w"), _node(("b", 2, "h", "w")), weight_2d))
-
-
-def test_the_gelu_check_accepts_the_erf_gelu_only():
-    x = _node((2, 3))
-    assert _xnnpack_patches._is_exact_gelu(_node((2, 3), x))
-    assert _xnnpack_patches._is_exact_gelu(_node((2, 3), x, approximate="none"))
-    assert not _xnnpack_patches._is_exact_gelu(_node((2, 3), x, approximate="tanh"))
-
-
-def test_the_validator_patch_sees_a_tensor_list_return_whole():
-    from executorch.exir.dialects._ops import ops as exir_ops
-
-    seen = []
-
-    class Probe:
-        node = _node((2, 3))
-
-    def original(self, target, args, kwargs):
-        seen.append(self.node.meta["val"])
-
-    Probe.node.meta["val"] = [torch.empty(2, 3), torch.empty(2, 3)]
-    wrapped = _validating_list_returns_whole(original)
-    wrapped(Probe(), exir_ops.edge.aten.split_with_sizes_copy.default, (), {})
-    wrapped(Probe(), exir_ops.edge.aten.relu.default, (), {})
-    assert isinstance(seen[0], tuple) and seen[0][0] is seen[1]  # wrapped for the call, restored after
-    assert isinstance(Probe.node.meta["val"], list)
-
-
-def test_bucketize_is_decomposed_before_the_edge_and_computed_as_eager():
-    module = _Bucketed()
-    program = _lowered_tiny(module, torch.rand(2, 5), {0: "batch"})
-    x = torch.cat([torch.rand(3, 3), torch.tensor([[0.0, 0.125], [0.5, 0.875], [1.0, 0.25]])], dim=1)
-    assert torch.equal(program(values=x), module(x))
-
-
-def test_a_program_without_those_ops_is_not_decomposed_again(linear):
-    assert decomposed_for_edge(linear.program) is linear.program
-
-
-def test_memory_is_planned_at_the_exact_upper_bound_of_correlated_sizes():
-    module = _Windowed()
-    program = _lowered_tiny(module, torch.randn(2, 10), {0: "batch", 1: "length"})
-    # batch 4 x 32 windows x 2 x 2 floats per tensor; interval arithmetic planned 2 x 64 instead of 2 (>= 2 MiB)
-    assert program.planned_bytes < 64 * 1024
-    for length in (7, 64):
-        x = torch.randn(4, length)
-        assert torch.allclose(program(values=x), module(x), atol=1e-5)
-
-
-def test_the_exact_upper_bound_skips_zero_divisors_and_gives_up_on_unknown_functions():
-    import sympy
-    from torch.utils._sympy.functions import FloorDiv
-    from torch.utils._sympy.value_ranges import ValueRanges
-
-    p = sympy.Symbol("p", integer=True, positive=True)
-    assert exact_upper_bound(FloorDiv(12, FloorDiv(p, 4)), {p: ValueRanges(1, 16)}) == 12  # p < 4 divides by 0
-    assert exact_upper_bound(3 * p + 1, {p: ValueRanges(1, 16)}) == 49
-    assert exact_upper_bound(sympy.sin(p), {p: ValueRanges(1, 16)}) is None
-    assert exact_upper_bound(p, {p: ValueRanges(1, sympy.oo)}) is None
+def test_a_patches_option_that_is_not_a_tuple_of_callables_is_a_type_error(linear):
+    with pytest.raises(TypeError, match=r"lower_to_pte: patches must be a tuple of callables, such as "
+                                        r"\(\*hfx\.backends\.PTE_PATCHES, my_fix\)"):
+        lower_to_pte(linear, patches=PTE_PATCHES[0])

@@ -84,7 +84,7 @@ def test_static_cache_updates_in_place(static_parts, runtime):
 
 
 # Mamba's selective scan exports as a loop-free prefix scan (hfx.patches._ssm.prefix_selective_scan), which every
-# runtime lowers, at any batch: on ExecuTorch through patch_edge_validator_list_returns (hfx.backends._executorch).
+# runtime lowers, at any batch: on ExecuTorch through patch_edge_validator_list_returns (backends/_executorch_fixes).
 
 
 @pytest.fixture(scope="module")

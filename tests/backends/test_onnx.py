@@ -21,7 +21,7 @@ import hfx  # noqa: E402
 from hfx import zoo  # noqa: E402
 from hfx._save import load, save  # noqa: E402
 from hfx._verify import verify  # noqa: E402
-from hfx.backends import _onnx  # noqa: E402
+from hfx.backends import ONNX_FIXES, _onnx  # noqa: E402
 from hfx.backends._onnx import OnnxProgram, lower_to_onnx  # noqa: E402
 from tests.helpers import PARITY_MODELS, new_inputs  # noqa: E402
 
@@ -149,6 +149,7 @@ def test_exported_is_unchanged_by_lowering(exported):
 
 def test_save_load_round_trip(lowered, tmp_path):
     program = lowered("llama")
+    assert program.fixes == tuple(fix.__name__ for fix in ONNX_FIXES)
     path = save(tmp_path / "llama", program)
     assert {p.name for p in path.iterdir()} == {"hfx.json", "model.onnx", "model.onnx.data"}
     inputs = new_inputs("llama")
@@ -157,7 +158,8 @@ def test_save_load_round_trip(lowered, tmp_path):
     loaded = load(path)
     shutil.rmtree(path)  # weights under the in-memory limit are read in: the program outlives its files
     assert isinstance(loaded, OnnxProgram)
-    assert (loaded.name, loaded.opset, loaded.io) == (program.name, program.opset, program.io)
+    assert (loaded.name, loaded.opset, loaded.io, loaded.fixes) == (program.name, program.opset, program.io,
+                                                                    program.fixes)
     assert torch.equal(loaded(**inputs).logits, program(**inputs).logits)
     assert torch.equal(torch.from_numpy(raw_logits), program(**inputs).logits)
     assert _dims(loaded.model.graph.inputs[0]) == ["batch", "sequence"]
@@ -241,33 +243,41 @@ def test_model_the_runtime_rejects_is_a_lowering_error():
         lower_to_onnx(capture)
 
 
-class _Bfloat16Arithmetic(torch.nn.Module):
-    """A float32 model with bfloat16 arithmetic inside (Falcon's ALiBi slopes) and a bfloat16 output."""
-
-    def forward(self, x):
-        scaled = x.to(torch.bfloat16) * torch.tensor([0.25, 0.0625, 0.015625], dtype=torch.bfloat16)
-        return {"inside": scaled.float() + x, "rounded": scaled / 3}
-
-
-def test_bfloat16_elementwise_ops_run_in_float32_and_round_like_torch():
-    program = lower_to_onnx(hfx.capture({"x": torch.randn(2, 3)}, _Bfloat16Arithmetic()))
-    graph = program.model.graph
-    ops = [(node.op_type, node.outputs[0].dtype) for node in graph]
-    assert ("Mul", ir.DataType.FLOAT) in ops and ("Div", ir.DataType.FLOAT) in ops
-    rounded = graph.outputs[1]  # a bfloat16 graph output keeps its name and becomes the Cast of the float32 Div
-    assert (rounded.name, rounded.dtype, rounded.producer().op_type) == ("rounded", ir.DataType.BFLOAT16, "Cast")
-    assert rounded.producer().inputs[0].producer().op_type == "Div"
-    x = torch.randn(5, 3) * 100
-    # OnnxProgram hands outputs over through numpy, which has no bfloat16: run the float32 output only.
-    session = onnxruntime.InferenceSession(ir.to_proto(program.model).SerializeToString(),
-                                           providers=["CPUExecutionProvider"])
-    (inside,) = session.run(["inside"], {"x": x.numpy()})
-    assert torch.equal(torch.from_numpy(inside), _Bfloat16Arithmetic()(x)["inside"])
-
-
 def test_lowers_transformers_experts():
     model = zoo.build("mixtral")
     exported = hfx.export(hfx.capture(zoo.forward_inputs("mixtral", batch=2, sequence=7), model))
     new = zoo.forward_inputs("mixtral", batch=3, sequence=11)
     report = verify(model, new, lower_to_onnx(exported))
     assert report.max_abs <= 1e-4, str(report)
+
+
+def test_the_fixes_option_wraps_the_export_in_an_extra_fix(linear):
+    model, _, exported = linear
+    seen = []
+
+    def documented(convert):
+        converted = convert()
+        seen.append([v.name for v in converted.graph.inputs])  # the fixes before it ran, hfx's names are given
+        converted.doc_string = "a Linear"
+        return converted
+
+    program = lower_to_onnx(exported, fixes=(*ONNX_FIXES, documented))
+    assert seen == [["input"]]
+    assert program.model.doc_string == "a Linear"
+    assert program.fixes == (*(fix.__name__ for fix in ONNX_FIXES), "documented")
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(program(input=x), model(x).detach(), atol=1e-6, rtol=0)
+
+
+def test_no_fixes_lowers_a_plain_model_alike(linear):
+    _, _, exported = linear
+    program = lower_to_onnx(exported, fixes=())
+    assert program.fixes == ()
+    x = torch.randn(4, 3)
+    assert torch.equal(program(input=x), lower_to_onnx(exported)(input=x))
+
+
+def test_a_fixes_option_that_is_not_a_tuple_of_callables_is_a_type_error(linear):
+    with pytest.raises(TypeError, match=r"lower_to_onnx: fixes must be a tuple of callables, such as "
+                                        r"\(\*hfx\.backends\.ONNX_FIXES, my_fix\)"):
+        lower_to_onnx(linear[2], fixes=(ONNX_FIXES[0], "bfloat16"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import operator
 import shutil
 import warnings
 
@@ -20,6 +19,7 @@ from tests.helpers import PARITY_MODELS, new_inputs
 
 openvino = pytest.importorskip("openvino")
 
+from hfx.backends import OV_GRAPH_FIXES  # noqa: E402
 from hfx.backends._openvino import OvProgram, lower_to_ov  # noqa: E402
 
 
@@ -110,23 +110,6 @@ def test_is_quiet(capfd):
     assert capfd.readouterr() == ("", "")
 
 
-class _Repeats(torch.nn.Module):
-    def forward(self, x, mask):
-        doubled = x * 2
-        return {"doubled": doubled, "again": doubled, "x": x, "mask": mask}
-
-
-def test_repeated_and_passed_through_outputs_get_their_own_ports():
-    inputs = {"x": torch.randn(2, 3), "mask": torch.tensor([[True, False, True]] * 2)}
-    program = lower_to_ov(hfx.capture(inputs, _Repeats()))
-    assert [p.get_names() for p in program.model.inputs] == [{"x"}, {"mask"}]
-    assert [p.get_names() for p in program.model.outputs] == [{n} for n in program.io.output_names]
-    new = {"x": torch.randn(4, 3), "mask": torch.tensor([[False, True, True]] * 4)}
-    got = program(**new)
-    assert torch.equal(got["doubled"], new["x"] * 2) and torch.equal(got["again"], new["x"] * 2)
-    assert torch.equal(got["x"], new["x"]) and torch.equal(got["mask"], new["mask"])
-
-
 def test_runs_bfloat16_inputs_and_outputs():
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2).to(torch.bfloat16)
@@ -149,6 +132,7 @@ def test_save_load_round_trip(name, lowered, tmp_path):
     shutil.rmtree(path)  # the IR's weights are memory-mapped: on Linux the program outlives its files
     assert isinstance(loaded, OvProgram)
     assert (loaded.name, loaded.device, loaded.source_class) == (program.name, program.device, program.source_class)
+    assert loaded.graph_fixes == program.graph_fixes == tuple(fix.__name__ for fix in OV_GRAPH_FIXES)
     assert [p.get_names() for p in loaded.model.outputs] == [p.get_names() for p in program.model.outputs]
     want, got = program(**new_inputs(name)), loaded(**new_inputs(name))
     assert all(torch.equal(want[key], got[key]) for key in want)
@@ -194,23 +178,6 @@ def test_unknown_device_is_a_lowering_error():
         lower_to_ov(_linear(), device="NO_SUCH_DEVICE")
 
 
-class _PadToWindow(torch.nn.Module):
-    """Pads the last axis to a multiple of 4, as Swin pads to its window: ``operator.mod`` on a dynamic size."""
-
-    def forward(self, x):
-        return torch.nn.functional.pad(x, (0, (4 - x.shape[-1] % 4) % 4)) * 2
-
-
-def test_size_arithmetic_with_mod_converts():
-    shapes = hfx.DynamicShapes(axes={"x": {1: "width"}}, bounds={"width": (2, 64)})
-    exported = hfx.export(hfx.capture({"x": torch.randn(2, 5)}, _PadToWindow(), dynamic_shapes=shapes))
-    assert any(node.target is operator.mod for node in exported.program.graph.nodes)
-    program = lower_to_ov(exported)
-    for width in (5, 8, 11):
-        x = torch.randn(2, width)
-        assert torch.equal(program(x=x), _PadToWindow()(x))
-
-
 def test_lowers_transformers_experts():
     model = zoo.build("mixtral")
     exported = hfx.export(hfx.capture(zoo.forward_inputs("mixtral", batch=2, sequence=7), model))
@@ -218,29 +185,29 @@ def test_lowers_transformers_experts():
     assert report.max_abs <= 1e-4, str(report)
 
 
-class _AlibiReshape(torch.nn.Module):
-    """Falcon's decode pattern: a [batch * heads, 1, keys] bias viewed back as (batch, -1, 1, keys)."""
+def test_the_graph_fixes_option_applies_an_extra_fix_to_the_decomposed_copy():
+    capture = _linear()
+    seen = []
 
-    heads = 4
+    def doubled(graph):
+        """Double every output: the fix's effect is visible in the program."""
+        seen.append(graph)
+        output = next(node for node in graph.nodes if node.op == "output")
+        with graph.inserting_before(output):
+            values = [graph.call_function(torch.ops.aten.mul.Tensor, (value, 2)) for value in output.args[0]]
+        output.args = (type(output.args[0])(values),)
 
-    def forward(self, x, mask):
-        bias = (x.repeat_interleave(self.heads, 0)[:, None, :] * mask[:, None, :].repeat_interleave(self.heads, 0))
-        return bias.reshape(x.shape[0], -1, 1, x.shape[-1]) + mask[:, None, None, :]
+    exported = hfx.export(capture)
+    program = lower_to_ov(exported, graph_fixes=(*OV_GRAPH_FIXES, doubled))
+    assert len(seen) == 1 and seen[0] is not exported.program.graph
+    assert program.graph_fixes == (*(fix.__name__ for fix in OV_GRAPH_FIXES), "doubled")
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(program(input=x), 2 * capture.module(x))
+        torch.testing.assert_close(exported(input=x), capture.module(x))
 
 
-def test_a_view_whose_inferred_size_is_static_keeps_it():
-    from hfx.backends._openvino import _static_view_sizes
-
-    shapes = hfx.DynamicShapes(axes={"x": {0: "batch", 1: "keys"}, "mask": {0: "batch", 1: "keys"}},
-                               bounds={"batch": (1, 8), "keys": (2, 64)})
-    exported = hfx.export(hfx.capture({"x": torch.randn(2, 5), "mask": torch.ones(2, 5)}, _AlibiReshape(),
-                                      dynamic_shapes=shapes))
-    module = exported.program.module()
-    _static_view_sizes(module.graph)
-    targets = [n.args[1] for n in module.graph.nodes if n.target in (torch.ops.aten.view.default,
-                                                                     torch.ops.aten.reshape.default)]
-    assert targets and all(-1 not in list(t) for t in targets)
-    program = lower_to_ov(exported)
-    for batch, keys in ((3, 6), (1, 2)):
-        x, mask = torch.randn(batch, keys), torch.rand(batch, keys)
-        torch.testing.assert_close(program(x=x, mask=mask), _AlibiReshape()(x, mask))
+def test_a_graph_fixes_option_that_is_not_a_tuple_of_callables_is_a_type_error():
+    with pytest.raises(TypeError, match=r"lower_to_ov: graph_fixes must be a tuple of callables, such as "
+                                        r"\(\*hfx\.backends\.OV_GRAPH_FIXES, my_fix\)"):
+        lower_to_ov(_linear(), graph_fixes=OV_GRAPH_FIXES[0])

@@ -38,8 +38,9 @@ from transformers.models.qwen2_vl import modeling_qwen2_vl
 import hfx
 from hfx import PatchError, patches, zoo
 from hfx._pytree import cache_classes, registered_caches
-from hfx.backends import _common, _executorch, _sdpa_layout, _xnnpack_patches
-from hfx.patches import _core, _edge
+from hfx.backends import PTE_PATCHES, _common
+from hfx.backends import _executorch_fixes as _pte_fixes
+from hfx.patches import _core
 
 _MISSING = object()
 Slot = tuple[Any, Any]
@@ -117,11 +118,11 @@ def _sliding_window_slots() -> list[Slot]:
 def _xnnpack_slots() -> dict[Callable[..., Any], Slot]:
     configs = "executorch.backends.xnnpack.partition.config"
     return {
-        _xnnpack_patches.patch_xnnpack_unsqueeze_dynamic_dims:
+        _pte_fixes.patch_xnnpack_unsqueeze_dynamic_dims:
             (_owner(f"{configs}.generic_node_configs", "UnsqueezeCopyConfig"), "check_constraints"),
-        _xnnpack_patches.patch_xnnpack_conv1d_dynamic_dims:
+        _pte_fixes.patch_xnnpack_conv1d_dynamic_dims:
             (_owner(f"{configs}.gemm_configs", "ConvolutionConfig"), "check_constraints"),
-        _xnnpack_patches.patch_xnnpack_tanh_gelu:
+        _pte_fixes.patch_xnnpack_tanh_gelu:
             (_owner(f"{configs}.generic_node_configs", "GeluConfig"), "check_constraints"),
     }
 
@@ -195,19 +196,20 @@ ROWS = (
         slots=lambda model: [(modeling_dinov2.Dinov2Embeddings, "interpolate_pos_encoding")], adds=True),
     Row(patch=patches.patch_dense_experts, args=_shared("mixtral"),
         slots=lambda model: [(modeling_mixtral.MixtralExperts, "forward")], adds=True),
-    # The ExecuTorch lowering patches (LOWERING_PATCHES) and the patches they enter.
-    Row(patch=_executorch.patch_edge_verifier_sym_functions, needs="executorch",
+    # The ExecuTorch lowering patches (hfx.backends.PTE_PATCHES).
+    Row(patch=_pte_fixes.patch_edge_verifier_sym_functions, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.verification.verifier"), "_EXECUTORCH_SYM_OPS")]),
-    Row(patch=_executorch.patch_edge_validator_list_returns, needs="executorch",
+    Row(patch=_pte_fixes.patch_edge_validator_list_returns, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.verification.arg_validator", "EdgeOpArgValidator"), "call_function")]),
-    Row(patch=_xnnpack_patches.patch_xnnpack_partitioner, needs="executorch", slots=lambda: _xnnpack_slots().values()),
+    Row(patch=_pte_fixes.patch_edge_decomposition_table, needs="executorch",
+        slots=lambda: [(_owner("executorch.exir.program._program"), "_default_decomposition_table")]),
     *(Row(patch=patch, needs="executorch", slots=lambda patch=patch: [_xnnpack_slots()[patch]])
-      for patch in (_xnnpack_patches.patch_xnnpack_unsqueeze_dynamic_dims,
-                    _xnnpack_patches.patch_xnnpack_conv1d_dynamic_dims, _xnnpack_patches.patch_xnnpack_tanh_gelu)),
-    Row(patch=_edge.patch_exact_upper_bounds, needs="executorch",
+      for patch in (_pte_fixes.patch_xnnpack_unsqueeze_dynamic_dims,
+                    _pte_fixes.patch_xnnpack_conv1d_dynamic_dims, _pte_fixes.patch_xnnpack_tanh_gelu)),
+    Row(patch=_pte_fixes.patch_exact_upper_bounds, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.sym_util"), "eval_upper_bound"),
                        (_owner("executorch.exir.passes.sym_shape_eval_pass"), "eval_upper_bound")]),
-    Row(patch=_sdpa_layout.patch_sdpa_decomposition_layout, adds=True,
+    Row(patch=_pte_fixes.patch_sdpa_decomposition_layout, adds=True,
         slots=lambda: [(_owner("torch._decomp", "decomposition_table"),
                         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)]),  # noqa: SLF001
     # The output capture every lowering enters (its loggers' handlers, stdout and stderr).
@@ -344,7 +346,7 @@ def _selected_patches() -> dict[str, Any]:
                                 ("moe_patches", patches.moe_patches(model))):
             found.update({f"{where}({name})[{i}]": _factory(p) for i, p in enumerate(selected)})
     for where, selected in (("TORCH_PATCHES", patches.TORCH_PATCHES), ("CACHE_PATCHES", patches.CACHE_PATCHES),
-                            ("LOWERING_PATCHES", _executorch.LOWERING_PATCHES)):
+                            ("PTE_PATCHES", PTE_PATCHES)):
         found.update({f"{where}[{i}]": _factory(p) for i, p in enumerate(selected)})
     return found
 
@@ -361,6 +363,6 @@ def test_the_coverage_walk_sees_every_kind_of_patch():
     """The walk finds patches bound to a model, plain ones, ExecuTorch's, and the ``def patch_`` in backends."""
     selected, defined = set(_selected_patches().values()), _defined_patches()
     assert {patches.patch_dense_experts, patches.patch_window_permutation, registered_caches,
-            patches.patch_sdpa_fully_masked_rows, _executorch.patch_edge_verifier_sym_functions} <= selected
-    assert defined["hfx.backends._xnnpack_patches.patch_xnnpack_tanh_gelu"] is _xnnpack_patches.patch_xnnpack_tanh_gelu
+            patches.patch_sdpa_fully_masked_rows, _pte_fixes.patch_edge_verifier_sym_functions} <= selected
+    assert defined["hfx.backends._executorch_fixes.patch_xnnpack_tanh_gelu"] is _pte_fixes.patch_xnnpack_tanh_gelu
     assert len({row.patch for row in ROWS}) == len(ROWS)  # one row per patch

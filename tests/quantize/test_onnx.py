@@ -29,6 +29,7 @@ def test_dynamic_stores_int8_weights_and_keeps_the_input_program(onnx, reference
     ops, size = _ops(onnx), _weight_bytes(onnx)
     quantized = pipe(onnx, hfx.quantize_onnx)
     assert isinstance(quantized, hfx.OnnxProgram) and quantized.io is onnx.io
+    assert quantized.fixes == onnx.fixes != ()  # what the quantized graph was lowered with
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= _ops(quantized)
     assert _weight_bytes(quantized) < 0.5 * size
     inputs, logits = reference

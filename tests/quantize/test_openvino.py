@@ -41,6 +41,7 @@ def test_weight_compression(ov, reference, mode, weight_type, bound, top1):
 def test_static_int8_calibrates_and_round_trips(ov, samples, reference, tmp_path):
     quantized = hfx.quantize_ov(ov, mode="int8-static", calibration=samples)
     assert "FakeQuantize" in {op.get_type_name() for op in quantized.model.get_ordered_ops()}
+    assert quantized.graph_fixes == ov.graph_fixes != ()  # what the quantized graph was lowered with
     inputs, logits = reference
     got = quantized(**inputs).logits
     assert cosine(logits, got) > 0.99  # measured 0.993

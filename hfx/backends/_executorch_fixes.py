@@ -1,0 +1,509 @@
+"""ExecuTorch's workarounds: the patches ``lower_to_pte`` enters while ExecuTorch builds a program, ``PTE_PATCHES``.
+
+Each patch works around one bug of executorch 1.5.1 (or of torch 2.13 as ExecuTorch
+uses it), names it, and can be left out on its own: ``lower_to_pte(patches=...)``
+takes any tuple of patches, ``PTE_PATCHES`` by default. Where checking for the bug
+is cheap, a patch steps aside when it is not there. Nothing here imports executorch
+at import time; each patch imports what it swaps when it is entered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import operator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import sympy
+import torch
+from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
+from torch.utils._sympy import functions as symfn
+
+from hfx.patches import Patch, swap_attr, swap_item
+
+# --- the edge verifier ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def patch_edge_verifier_sym_functions() -> Iterator[None]:
+    """Let ExecuTorch's edge verifier accept the Python sym functions (``torch.sym_min``) of runtime asserts.
+
+    An export that keeps guard-unprovable guards as runtime asserts (a decode
+    step's cache contiguity check, ``Min(16*p + 16, 32*p + 32) == 16*p + 16``)
+    has ``torch.sym_min`` nodes feeding ``_assert_scalar``. Every decomposition
+    re-inserts them, and executorch 1.5.1's edge verifier fails on any plain
+    Python function: "assert op.__name__ in ('alloc',)" (exir/verification/verifier.py).
+    ExecuTorch itself maps these functions to ``executorch_prim`` ops
+    (``EdgeToBackendOpsPass``) and drops the asserts (``RemoveGraphAssertsPass``),
+    but only in ``to_executorch``, after the verifier has run. This adds the
+    functions that pass maps to the verifier's allowlist for the lowering only,
+    and steps aside when the allowlist already has them. Delete when the verifier
+    accepts them (no upstream issue found for 1.5.1; the Transformers exporter
+    carries the same workaround, ``_extend_sym_ops_allowlist``).
+    """
+    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
+    from executorch.exir.verification import verifier
+
+    original = vars(verifier)["_EXECUTORCH_SYM_OPS"]
+    allowed = {*original, *_PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS}
+    if allowed == set(original):
+        yield
+        return
+    with swap_attr(verifier, "_EXECUTORCH_SYM_OPS", allowed):
+        yield
+
+
+# --- the edge dtype validator --------------------------------------------------------------------
+
+
+def _returns_one_tensor_list(target: Any) -> bool:
+    """Whether ``target`` is an edge op whose schema returns a single ``Tensor[]`` (``split_with_sizes_copy``, ``unbind_copy``)."""
+    returns = getattr(getattr(target, "_schema", None), "returns", ())
+    return len(returns) == 1 and returns[0].type == torch.ListType.ofTensors()
+
+
+def _validating_list_returns_whole(original: Any) -> Any:
+    """Wrap ``EdgeOpArgValidator.call_function`` so that it sees a ``Tensor[]`` return as one value, not as its items."""
+
+    @functools.wraps(original)
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:  # noqa: ANN001
+        if not _returns_one_tensor_list(target):
+            return original(self, target, args, kwargs)
+        with swap_item(self.node.meta, "val", (self.node.meta["val"],)):
+            return original(self, target, args, kwargs)
+
+    call_function.__wrapped__ = original
+    return call_function
+
+
+@contextlib.contextmanager
+def patch_edge_validator_list_returns() -> Iterator[None]:
+    """Keep ExecuTorch's edge dtype validator from fixing the batch of a graph that splits a batched tensor.
+
+    executorch 1.5.1's ``EdgeOpArgValidator.call_function``
+    (exir/verification/arg_validator.py:103-129) iterates ``node.meta["val"]``
+    as the op's list of returns. For an op that returns one ``Tensor[]``
+    (``split_with_sizes_copy``, ``split_copy``, ``unbind_copy``: any
+    ``chunk``/``split``/``unbind``) that list is the split's pieces, so it takes
+    the first piece for the whole return and calls ``range(len(piece))`` on it:
+    the piece's symbolic dim 0 (the batch) is specialised to its trace size, the
+    guard ``Eq(batch, 2)`` enters the program's shape environment and the memory
+    plan, and the ``.pte`` runs at the trace batch only ("Attempted to resize a
+    static tensor", 0x12; Mamba's ``in_proj(...).chunk(2, dim=1)``). This hands
+    the validator such a return wrapped in a one-item tuple, which is what it
+    expects; other ops reach it as before. Delete when the validator handles a
+    single ``Tensor[]`` return.
+    """
+    from executorch.exir.verification.arg_validator import EdgeOpArgValidator
+
+    original = vars(EdgeOpArgValidator)["call_function"]
+    with swap_attr(EdgeOpArgValidator, "call_function", _validating_list_returns_whole(original)):
+        yield
+
+
+# --- the edge decompositions ---------------------------------------------------------------------
+
+# ATen ops outside core ATen that neither ExecuTorch's decompositions nor its kernels cover, and that torch's own
+# decomposition table rewrites into core ops: Idefics3 / SmolVLM's patch positions call ``torch.bucketize``.
+EDGE_DECOMPOSED_OPS: tuple[torch._ops.OpOverload, ...] = (torch.ops.aten.bucketize.Tensor,)
+
+
+def _adding(original: Callable[..., Any], decompositions: Mapping[Any, Callable[..., Any]]) -> Callable[..., Any]:
+    """Wrap ExecuTorch's ``_default_decomposition_table`` so that each table it builds also has ``decompositions``."""
+
+    @functools.wraps(original)
+    def _default_decomposition_table(*args: Any, **kwargs: Any) -> Any:
+        table = original(*args, **kwargs)
+        table.update(decompositions)
+        return table
+
+    _default_decomposition_table.__wrapped__ = original
+    return _default_decomposition_table
+
+
+@contextlib.contextmanager
+def patch_edge_decomposition_table() -> Iterator[None]:
+    """Let ExecuTorch decompose the ops of ``EDGE_DECOMPOSED_OPS`` with torch's own decompositions.
+
+    executorch 1.5.1's edge verifier accepts core ATen ops only, and
+    ``to_edge_transform_and_lower`` decomposes with the table
+    ``_default_decomposition_table`` builds (exir/tracer.py: torch's core-ATen
+    table plus ``linalg_vector_norm``), which leaves ``aten.bucketize.Tensor``
+    out while ExecuTorch has no kernel for it either: Idefics3 and SmolVLM's
+    patch positions failed with "Operator torch._ops.aten.bucketize.Tensor is not
+    in Core ATen opset". This adds torch's decomposition of each such op that
+    ExecuTorch's table lacks to every table ExecuTorch builds while the block
+    runs (a graph without them is decomposed as before), and steps aside when
+    the table has them all. Delete when ExecuTorch decomposes or runs ``bucketize``.
+
+    Example:
+        >>> from executorch.exir.program import _program
+        >>> with patch_edge_decomposition_table():
+        ...     torch.ops.aten.bucketize.Tensor in _program._default_decomposition_table()
+        True
+    """
+    from executorch.exir.program import _program
+    from torch._decomp import decomposition_table
+
+    original = vars(_program)["_default_decomposition_table"]
+    table = original()  # reading it materialises the table (60 ms), so it is read once per lowering
+    missing = {op: decomposition_table[op] for op in EDGE_DECOMPOSED_OPS if op not in table}
+    if not missing:
+        yield
+        return
+    with swap_attr(_program, "_default_decomposition_table", _adding(original, missing)):
+        yield
+
+
+# --- the XNNPACK partitioner ---------------------------------------------------------------------
+
+
+def _dynamic_dims(node: torch.fx.Node) -> int:
+    """How many dims of ``node``'s output are symbolic."""
+    val = node.meta.get("val")
+    return sum(isinstance(size, torch.SymInt) and not size.node.is_constant() for size in getattr(val, "shape", ()))
+
+
+def _output_has_one_dynamic_dim(node: torch.fx.Node) -> bool:
+    """Whether XNNPACK can serialise ``node`` as a static reshape: at most one dynamic dim in its output."""
+    return _dynamic_dims(node) <= 1
+
+
+def _is_conv1d(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a 1-D convolution (its weight is 3-D, the test ExecuTorch's ``Conv1dUnsqueezePass`` makes)."""
+    weight = node.args[1] if len(node.args) > 1 else None
+    return isinstance(weight, torch.fx.Node) and len(getattr(weight.meta.get("val"), "shape", ())) == 3
+
+
+def _conv1d_reshapes_have_one_dynamic_dim(node: torch.fx.Node) -> bool:
+    """Whether the reshapes XNNPACK wraps a 1-D convolution in have one dynamic dim at most (other convs have none)."""
+    data = node.args[0]
+    return not _is_conv1d(node) or (_dynamic_dims(node) <= 1 and _dynamic_dims(data) <= 1)
+
+
+def _is_exact_gelu(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is the erf GELU (``approximate="none"``), the only one XNNPACK computes."""
+    return node.kwargs.get("approximate", "none") == "none"
+
+
+def _refusing(original: Any, accepts: Callable[[torch.fx.Node], bool]) -> Any:
+    """Wrap a config's ``check_constraints`` so it also refuses a node that ``accepts`` rejects."""
+
+    @functools.wraps(original)
+    def check_constraints(self, node: torch.fx.Node, ep: Any) -> bool:  # noqa: ANN001
+        return original(self, node, ep) and accepts(node)
+
+    check_constraints.__wrapped__ = original
+    return check_constraints
+
+
+@contextlib.contextmanager
+def patch_xnnpack_unsqueeze_dynamic_dims() -> Iterator[None]:
+    """Keep ``unsqueeze_copy`` with more than one dynamic output dim out of XNNPACK (ExecuTorch runs it itself).
+
+    executorch 1.5.1's ``UnsqueezeCopyConfig.check_constraints``
+    (backends/xnnpack/partition/config/generic_node_configs.py) accepts any
+    trailing unsqueeze, but the serialiser (``operators/op_squeeze.py``) then
+    fails on an output with two symbolic dims: "XNNPACK reshape only supports 1
+    dynamic dimension". Mamba 2's chunked scan unsqueezes ``[batch, chunks, …]``
+    tensors (Mamba 2, Bamba, FalconH1, Zamba2 …). The view-copy config already
+    refuses such shapes; this adds the same check to unsqueeze, after the
+    partitioner's own (a node it refuses stays refused). Delete when the
+    partitioner checks it itself.
+    """
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import UnsqueezeCopyConfig
+
+    original = vars(UnsqueezeCopyConfig)["check_constraints"]
+    with swap_attr(UnsqueezeCopyConfig, "check_constraints", _refusing(original, _output_has_one_dynamic_dim)):
+        yield
+
+
+@contextlib.contextmanager
+def patch_xnnpack_conv1d_dynamic_dims() -> Iterator[None]:
+    """Keep a 1-D convolution with more than one dynamic dim out of XNNPACK (ExecuTorch's portable kernel runs it).
+
+    XNNPACK has no 1-D convolution: executorch 1.5.1's ``Conv1dUnsqueezePass``
+    (backends/xnnpack/_passes/conv1d_unsqueeze_pass.py) rewrites it as
+    ``unsqueeze_copy(-1) -> 2-D convolution -> squeeze_copy(-1)``, and the
+    serialiser (``operators/op_squeeze.py``) fails on those reshapes when the
+    3-D activation has two symbolic dims: "XNNPACK reshape only supports 1
+    dynamic dimension". ``ConvolutionConfig.check_constraints``
+    (partition/config/gemm_configs.py) does not check it. Audio encoders hit it
+    in the feature extractor and the positional convolution over ``[batch,
+    channels, frames]`` (wav2vec2, HuBERT, WavLM, Data2VecAudio, SEW …). The
+    check runs after the partitioner's own. Delete when the partitioner checks
+    it itself.
+    """
+    from executorch.backends.xnnpack.partition.config.gemm_configs import ConvolutionConfig
+
+    original = vars(ConvolutionConfig)["check_constraints"]
+    with swap_attr(ConvolutionConfig, "check_constraints", _refusing(original, _conv1d_reshapes_have_one_dynamic_dim)):
+        yield
+
+
+@contextlib.contextmanager
+def patch_xnnpack_tanh_gelu() -> Iterator[None]:
+    """Keep the tanh-approximated GELU out of XNNPACK (ExecuTorch's portable kernel computes it as asked).
+
+    executorch 1.5.1's ``GeluConfig.check_constraints``
+    (backends/xnnpack/partition/config/generic_node_configs.py) accepts
+    ``gelu(approximate="tanh")``, but its serialiser (``operators/op_gelu.py``)
+    drops ``approximate`` and XNNPACK computes the erf GELU: the tiny Gemma 2's
+    logits then differ from eager by 8.7e-4 at logits of magnitude 1 (5e-4 at
+    every position, 2.9e-6 once this patch keeps the op out). Models with
+    ``hidden_act="gelu_pytorch_tanh"`` hit it (Gemma, Gemma 2/3, PaliGemma …).
+    The check runs after the partitioner's own. Delete when the partitioner
+    checks ``approximate``.
+    """
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import GeluConfig
+
+    original = vars(GeluConfig)["check_constraints"]
+    with swap_attr(GeluConfig, "check_constraints", _refusing(original, _is_exact_gelu)):
+        yield
+
+
+# --- torch's SDPA decomposition ------------------------------------------------------------------
+
+_FLASH_FOR_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def laid_out_like(tensor: torch.Tensor, like: torch.Tensor, /) -> torch.Tensor:
+    """``tensor``'s values in the memory layout ``torch.empty_like(like)`` has (its dims in the same stride order).
+
+    Example:
+        >>> like = torch.zeros(2, 7, 4, 16).transpose(1, 2)
+        >>> laid_out_like(torch.ones(2, 4, 7, 16), like).stride() == like.stride()
+        True
+    """
+    physical, _ = compute_elementwise_output_logical_to_physical_perm(like)
+    logical = [physical.index(dim) for dim in range(len(physical))]
+    return tensor.permute(physical).contiguous().permute(logical)
+
+
+def flash_attention_for_cpu_like_query(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,  # noqa: FBT001, FBT002 - the op's own schema
+    *,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten._scaled_dot_product_flash_attention_for_cpu`` decomposed to the math kernel, output laid out like ``query``.
+
+    The kernel and its meta function return ``empty_like(query)``; torch's own
+    decomposition (torch/_decomp/decompositions.py) returns the layout of
+    ``nn.MultiheadAttention``'s queries, (L, N, H, E), whatever the query's is.
+    """
+    torch._check(dropout_p == 0.0, lambda: f"dropout probability must be zero, got {dropout_p}")
+    output, attn = torch.ops.aten._scaled_dot_product_attention_math.default(
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        dropout_mask=None,
+        scale=scale,
+        enable_gqa=query.size(1) != key.size(1),
+    )
+    return laid_out_like(output, query), attn
+
+
+@functools.cache
+def _keeps_the_query_layout(decomposition: Callable[..., Any]) -> bool:
+    """Whether ``decomposition`` lays a Hugging Face query's output out as the kernel does (one tiny call, cached)."""
+    query = torch.zeros(1, 3, 2, 4).transpose(1, 2)  # (N, H, L, E) viewed over (N, L, H, E) memory
+    return decomposition(query, query, query)[0].stride() == torch.empty_like(query).stride()
+
+
+@contextlib.contextmanager
+def patch_sdpa_decomposition_layout() -> Iterator[None]:
+    """Decompose CPU flash attention into a tensor laid out as the kernel lays it out, while ExecuTorch lowers.
+
+    ExecuTorch's ``to_edge`` (executorch 1.5.1) decomposes
+    ``scaled_dot_product_attention`` through ``_scaled_dot_product_flash_attention_for_cpu``,
+    whose decomposition in torch 2.13 (torch/_decomp/decompositions.py) returns an
+    (L, N, H, E) memory layout, while the kernel and its meta function (what
+    ``torch.export`` traced) lay the output out like the query. Hugging Face
+    attention views (N, L, H, E) as (N, H, L, E), so ``transpose(1, 2).contiguous()``
+    after SDPA was a no-op at export and left no node, and a later ``view`` is legal
+    on the traced layout only: ``transformers.pytorch_utils.Conv1D``
+    (``x.view(-1, x.size(-1))``; GPT-2, ImageGPT, OpenAI GPT, Decision Transformer,
+    CLVP) failed with "Cannot view a tensor with shape [batch, sequence, 64] and
+    strides (64, 64*batch, 1)" (pytorch/pytorch#141107, #136543); models that
+    ``reshape`` instead (Llama) lowered. This swaps the table entry, which
+    ExecuTorch reads when it builds its table, for one whose output follows the
+    query's layout as the kernel's does (for ``nn.MultiheadAttention``'s queries that
+    is torch's layout). It steps aside when torch's decomposition already keeps a
+    Hugging Face query's layout. Delete when torch's decomposition keeps the kernel's layout.
+    """
+    from torch._decomp import decomposition_table
+
+    decomposition = decomposition_table.get(_FLASH_FOR_CPU)
+    if decomposition is not None and _keeps_the_query_layout(decomposition):
+        yield
+        return
+    with swap_item(decomposition_table, _FLASH_FOR_CPU, flash_attention_for_cpu_like_query):
+        yield
+
+
+# --- memory planning -----------------------------------------------------------------------------
+
+# The most points of the box of dim values an upper bound is evaluated at; a larger box keeps ExecuTorch's bound.
+MAX_BOUND_POINTS = 1 << 20
+
+
+class _Unsupported(Exception):
+    """An expression this evaluator does not know; ExecuTorch's own bound is kept for it."""
+
+
+def _floor_div(a: Any, b: Any, invalid: list[Any]) -> Any:
+    invalid.append(np.equal(b, 0))
+    return np.floor_divide(a, np.where(np.equal(b, 0), 1, b))
+
+
+def _mod(a: Any, b: Any, invalid: list[Any]) -> Any:
+    invalid.append(np.equal(b, 0))
+    return np.mod(a, np.where(np.equal(b, 0), 1, b))
+
+
+def _reduce(function: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+    return lambda *args: functools.reduce(function, args)
+
+
+# sympy / torch sympy function -> numpy version over integer arrays; a divisor of 0 marks the point invalid.
+_NARY: Mapping[type, Callable[..., Any]] = {
+    sympy.Add: _reduce(operator.add),
+    sympy.Mul: _reduce(operator.mul),
+    sympy.Max: _reduce(np.maximum),
+    sympy.Min: _reduce(np.minimum),
+    symfn.Max: _reduce(np.maximum),
+    symfn.Min: _reduce(np.minimum),
+}
+_DIVIDING: Mapping[type, Callable[..., Any]] = {
+    symfn.FloorDiv: _floor_div,
+    symfn.CleanDiv: _floor_div,
+    symfn.Mod: _mod,
+    symfn.PythonMod: _mod,
+    sympy.Mod: _mod,
+}
+
+
+def _evaluated(expr: sympy.Expr, values: Mapping[sympy.Symbol, Any], invalid: list[Any]) -> Any:
+    """``expr`` at every point of ``values`` (broadcasting integer arrays); raises ``_Unsupported``."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return values[expr]
+    args = [_evaluated(arg, values, invalid) for arg in expr.args]
+    if type(expr) in _NARY:
+        return _NARY[type(expr)](*args)
+    if type(expr) in _DIVIDING:
+        return _DIVIDING[type(expr)](*args, invalid)
+    if isinstance(expr, symfn.ModularIndexing):
+        return _mod(_floor_div(args[0], args[1], invalid), args[2], invalid)
+    if isinstance(expr, (sympy.Pow, symfn.PowByNatural)) and expr.args[1].is_Integer and int(expr.args[1]) >= 0:
+        return args[0] ** int(expr.args[1])
+    raise _Unsupported(type(expr).__name__)
+
+
+def exact_upper_bound(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> int | None:
+    """The largest value ``expr`` takes at integer points of ``ranges`` where no divisor is 0, or ``None``.
+
+    ``None`` when a symbol has no finite range, the box has more than
+    ``MAX_BOUND_POINTS`` points, or ``expr`` uses a function this evaluator does
+    not know. Interval arithmetic (``bound_sympy``) bounds each operand on its
+    own, so ``P // (P // 2)`` (which is 2 for every even ``P``) gets the bound of
+    ``P``; evaluating at every point gives the exact maximum.
+
+    Example:
+        >>> p = sympy.Symbol("p", integer=True, positive=True)
+        >>> from torch.utils._sympy.value_ranges import ValueRanges
+        >>> exact_upper_bound(symfn.FloorDiv(2 * p, symfn.FloorDiv(2 * p, 2)), {p: ValueRanges(1, 64)})
+        2
+    """
+    symbols = sorted(expr.free_symbols, key=str)
+    spans = []
+    for symbol in symbols:
+        bounds = ranges.get(symbol)
+        lower, upper = (getattr(bounds, "lower", None), getattr(bounds, "upper", None))
+        if not (isinstance(lower, sympy.Integer) and isinstance(upper, sympy.Integer)):
+            return None
+        spans.append((int(lower), int(upper)))
+    if math.prod(hi - lo + 1 for lo, hi in spans) > MAX_BOUND_POINTS:
+        return None
+    grid = np.meshgrid(*(np.arange(lo, hi + 1, dtype=np.int64) for lo, hi in spans), indexing="ij", sparse=True)
+    invalid: list[Any] = []
+    try:
+        values = np.broadcast_to(_evaluated(expr, dict(zip(symbols, grid)), invalid), np.broadcast_shapes(
+            *(g.shape for g in grid)))
+    except _Unsupported:
+        return None
+    valid = ~functools.reduce(np.logical_or, invalid, np.zeros(values.shape, dtype=bool))
+    return int(values[valid].max()) if valid.any() else None
+
+
+def _tightened(original: Callable[[Any], int]) -> Callable[[Any], int]:
+    """Wrap ExecuTorch's ``eval_upper_bound`` so that it returns the exact bound where one can be computed."""
+    cache: dict[tuple[sympy.Expr, int], int | None] = {}
+
+    @functools.wraps(original)
+    def eval_upper_bound(maybe_symint: Any) -> int:
+        if not isinstance(maybe_symint, torch.SymInt):
+            return original(maybe_symint)
+        node = maybe_symint.node
+        key = (node.expr, id(node.shape_env))
+        if key not in cache:
+            cache[key] = exact_upper_bound(node.expr, node.shape_env.var_to_range)
+        exact = cache[key]
+        return original(maybe_symint) if exact is None else exact
+
+    eval_upper_bound.__wrapped__ = original
+    return eval_upper_bound
+
+
+@contextlib.contextmanager
+def patch_exact_upper_bounds() -> Iterator[None]:
+    """Plan ExecuTorch's memory at the exact upper bound of each symbolic size, not an interval-arithmetic one.
+
+    executorch 1.5.1 plans every tensor at ``eval_upper_bound`` of each dim
+    (exir/sym_util.py, called by ``ConstraintBasedSymShapeEvalPass`` and the
+    memory-planning allocs), which is ``bound_sympy``: interval arithmetic that
+    bounds each operand on its own. Swin's window partition views a padded grid
+    ``P`` as ``P // (P // 2)`` windows of 2 (always 2), whose bound is that of
+    ``P``, and the planned arena of the tiny zoo Swin at batch 4 and 512 x 512
+    pixels was 108 TB (``std::bad_alloc`` at load). Where the interval is
+    unbounded, ``eval_upper_bound`` falls back to the size at the trace, which is
+    no bound: Swin's ``(batch * (2 * 2 // 2)) // 2`` windows was planned for
+    batch 2 and failed at batch 3 ("Attempted to resize a bounded tensor", 0x1,
+    in ``et_view``). This evaluates each size at
+    every integer point of its symbols' ranges (up to ``MAX_BOUND_POINTS``) and
+    plans at the largest value, which is still an upper bound for every input
+    the bounds allow; where it cannot, ExecuTorch's own bound is kept. Delete
+    when ExecuTorch bounds correlated sizes tightly.
+    """
+    from executorch.exir import sym_util
+    from executorch.exir.passes import sym_shape_eval_pass
+
+    tight = _tightened(vars(sym_util)["eval_upper_bound"])
+    with swap_attr(sym_util, "eval_upper_bound", tight), swap_attr(sym_shape_eval_pass, "eval_upper_bound", tight):
+        yield
+
+
+# The patches ``lower_to_pte`` enters around ExecuTorch's lowering (``to_edge_transform_and_lower``,
+# ``to_executorch``), in order. Read, extend or replace: ``lower_to_pte(patches=(*PTE_PATCHES, my_patch))``.
+PTE_PATCHES: tuple[Patch, ...] = (
+    patch_edge_verifier_sym_functions,
+    patch_edge_validator_list_returns,
+    patch_edge_decomposition_table,
+    patch_xnnpack_unsqueeze_dynamic_dims,
+    patch_xnnpack_conv1d_dynamic_dims,
+    patch_xnnpack_tanh_gelu,
+    patch_sdpa_decomposition_layout,
+    patch_exact_upper_bounds,
+)

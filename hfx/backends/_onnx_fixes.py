@@ -1,0 +1,114 @@
+"""ONNX's workarounds: the fixes ``lower_to_onnx`` wraps its ``torch.onnx.export`` call in (``ONNX_FIXES``).
+
+A fix (``OnnxFix``) takes ``convert``, a zero-argument function that runs
+``torch.onnx.export`` (and the fixes before this one) and returns the
+``onnx_ir.Model``, and returns the model: it can set state up around the export
+(a grad mode) or rewrite the model it gets back. Each fix works around one bug of
+torch 2.13's exporter or of ONNX Runtime 1.32, names it, and can be left out on its
+own: ``lower_to_onnx(fixes=...)`` takes any tuple of fixes, ``ONNX_FIXES`` by default.
+Nothing here imports onnx at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# A fix of the ONNX conversion: ``fix(convert) -> onnx_ir.Model``, where ``convert()`` returns the model.
+OnnxFix = Callable[[Callable[[], Any]], Any]
+
+
+def convert_under_no_grad(convert: Callable[[], Any], /) -> Any:
+    """Run ``convert`` under ``no_grad``, as ``export`` traced, so torch.onnx's fake re-run keeps the traced strides.
+
+    torch.onnx (2.13) re-runs the decomposed graph on fake tensors in its
+    InsertTypePromotion pass with grad enabled, where parameters require grad.
+    An attention mask built from a parameter (T5's relative position bias; mT5,
+    UMT5) then requires grad, so CPU SDPA takes the math kernel, whose output is
+    contiguous (B, H, S, D), instead of the flash kernel it was traced with, whose
+    output is laid out (B, S, H, D) (pytorch/pytorch#133671). The
+    ``.transpose(1, 2).contiguous()`` after SDPA was a no-op at trace time and left
+    no node, and torch.onnx's decompositions had turned the ``reshape`` after it
+    into a ``view`` the re-run layout cannot take: "Cannot view a tensor with
+    shape ... and strides ..." (pytorch/pytorch#136543, #179287). The grad mode
+    changes no value, only the kernel the fake run picks. Delete when torch.onnx
+    re-runs graphs under ``no_grad`` or torch.export keeps no-op ``contiguous`` calls.
+    """
+    with torch.no_grad():
+        return convert()
+
+
+# Elementwise ops that ONNX Runtime's CPU provider (1.32) has no bfloat16 kernel for, and whose float32
+# result rounded to bfloat16 is what torch computes for bfloat16 on CPU (it upcasts each element).
+_BFLOAT16_UPCAST_OPS = frozenset({
+    "Abs", "Add", "Cos", "Div", "Equal", "Erf", "Exp", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Log",
+    "Max", "Min", "Mul", "Neg", "Pow", "Reciprocal", "Sigmoid", "Sin", "Sqrt", "Sub", "Tanh", "Where",
+})
+
+
+def bfloat16_arithmetic_in_float32(convert: Callable[[], Any], /) -> Any:
+    """The model ``convert`` returns, with each bfloat16 elementwise op computed in float32 between two ``Cast`` s.
+
+    A float32 model can hold a little bfloat16 arithmetic: Falcon's ALiBi slopes
+    (``build_alibi_tensor``: ``slopes[..., None].bfloat16() * arange_tensor``) give a
+    bfloat16 ``Mul``, which ONNX Runtime 1.32's CPU provider cannot load ("NOT_IMPLEMENTED :
+    Could not find an implementation for Mul(14)"). Each such op reads its bfloat16 inputs
+    cast to float32 and its bfloat16 outputs are cast back, which rounds exactly as torch's
+    CPU kernels do; a model without bfloat16 elementwise ops is returned as it is.
+    Delete when ONNX Runtime has bfloat16 CPU kernels for these ops.
+    """
+    import onnx_ir as ir
+
+    model = convert()
+    bf16 = ir.DataType.BFLOAT16
+    for node in list(model.graph.all_nodes()):
+        values = [v for v in (*node.inputs, *node.outputs) if v is not None]
+        if node.domain not in ("", "ai.onnx") or node.op_type not in _BFLOAT16_UPCAST_OPS:
+            continue
+        if not any(v.dtype == bf16 for v in values):
+            continue
+        for index, value in enumerate(node.inputs):
+            if value is not None and value.dtype == bf16:
+                upcast = _cast(value, ir.DataType.FLOAT)
+                node.graph.insert_before(node, upcast)
+                node.replace_input_with(index, upcast.outputs[0])
+        for value in node.outputs:
+            if value.dtype == bf16:
+                _round_output_to_bfloat16(node, value)
+    return model
+
+
+def _cast(value: Any, dtype: Any) -> Any:
+    """A ``Cast`` node of ``value`` to ``dtype`` (its output typed and shaped)."""
+    import onnx_ir as ir
+
+    node = ir.Node("", "Cast", [value], [ir.AttrInt64("to", dtype)], num_outputs=1)
+    node.outputs[0].dtype = dtype
+    node.outputs[0].shape = value.shape
+    return node
+
+
+def _round_output_to_bfloat16(node: Any, value: Any) -> None:
+    """Make ``node``'s output ``value`` float32 and give its readers (and the graph output) a bfloat16 ``Cast`` of it."""
+    import onnx_ir as ir
+
+    uses = list(value.uses())
+    name = value.name
+    value.dtype = ir.DataType.FLOAT
+    value.name = f"{name}_float32"
+    rounded = _cast(value, ir.DataType.BFLOAT16)
+    rounded.outputs[0].name = name
+    node.graph.insert_after(node, rounded)
+    for user, index in uses:
+        user.replace_input_with(index, rounded.outputs[0])
+    outputs = node.graph.outputs
+    for position, output in enumerate(outputs):
+        if output is value:
+            outputs[position] = rounded.outputs[0]
+
+
+# The fixes ``lower_to_onnx`` wraps ``torch.onnx.export`` in; each wraps the ones before it (the first is
+# closest to the export). Read, extend or replace: ``lower_to_onnx(fixes=(*ONNX_FIXES, my_fix))``.
+ONNX_FIXES: tuple[OnnxFix, ...] = (convert_under_no_grad, bfloat16_arithmetic_in_float32)

@@ -1,0 +1,165 @@
+"""OpenVINO's workarounds: the FX graph rewrites ``lower_to_ov`` applies before ``convert_model``, ``OV_GRAPH_FIXES``.
+
+A graph fix (``OvGraphFix``) changes a ``torch.fx.Graph`` in place: the graph of a
+private copy of the exported program, decomposed with the table ``convert_model``
+uses, so a fix never touches the ``Exported``. Each works around one gap of
+OpenVINO 2026.4's PyTorch frontend, names it, rewrites only the nodes that have the
+pattern (a graph without it is left as it is), and can be left out on its own:
+``lower_to_ov(graph_fixes=...)`` takes any tuple of fixes, ``OV_GRAPH_FIXES`` by
+default. Nothing here imports openvino.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+# A rewrite of the decomposed FX graph, in place: ``fix(graph) -> None``.
+OvGraphFix = Callable[[Any], None]
+
+
+def static_view_sizes(graph: Any, /) -> None:
+    """Write the size a ``view``/``reshape`` infers for ``-1`` when the graph knows it statically.
+
+    Falcon's decode step reshapes its ALiBi bias ``[batch*heads, 1, past+1]`` to
+    ``(batch, -1, 1, past+1)``. OpenVINO 2026.4's symbolic shape optimisation
+    (at ``convert_model``) rewrites that target to ``[0, 1, 1, -1]`` (``0``: copy
+    the input's dim 0, ``batch*heads``), so the compiled model fails at run time
+    ("Eltwise shape infer input shapes dim index: 0 mismatch", intel_cpu
+    eltwise.cpp). With the static ``heads`` written in place of ``-1`` the
+    target converts as traced. Delete when OpenVINO keeps such a target.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    for node in graph.nodes:
+        if node.target not in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+            continue
+        target = list(node.args[1])
+        shape = getattr(node.meta.get("val"), "shape", None)
+        if shape is None or len(shape) != len(target) or -1 not in target:
+            continue
+        index = target.index(-1)
+        if isinstance(shape[index], int):
+            target[index] = shape[index]
+            node.args = (node.args[0], target, *node.args[2:])
+
+
+def drop_empty_cat_operands(graph: Any, /) -> None:
+    """Drop the 1-D empty operands of ``aten.cat`` (a transformers cache layer's first update).
+
+    ``torch.cat`` skips a legacy empty ``f32[0]`` operand whatever the others'
+    rank; a prefill's ``DynamicLayer`` concatenates its empty initial keys that
+    way. OpenVINO 2026.4 fails on it ("Conversion is failed for: SequenceMark,
+    aten.cat.default"). Delete when OpenVINO converts such a cat.
+    """
+    import torch
+
+    for node in [n for n in graph.nodes if n.target is torch.ops.aten.cat.default]:
+        operands = list(node.args[0])
+        kept = [v for v in operands if not _is_legacy_empty(v)]
+        if not kept or len(kept) == len(operands):
+            continue
+        node.args = (kept, *node.args[1:])
+        for value in operands:
+            if value not in kept and not value.users:
+                graph.erase_node(value)
+
+
+def _is_legacy_empty(value: Any) -> bool:
+    """Whether ``value`` is a node of shape ``[0]``, which ``torch.cat`` skips."""
+    shape = getattr(getattr(value, "meta", {}).get("val"), "shape", None)
+    return shape is not None and len(shape) == 1 and isinstance(shape[0], int) and shape[0] == 0
+
+
+def negate_by_multiplying(graph: Any, /) -> None:
+    """Rewrite ``aten.neg(x)`` as ``x * -1`` so the in-memory model compiles like its saved form.
+
+    OpenVINO 2026.4 converts ``neg`` to ``x * convert(-1 as i32)``, which
+    ``convert_model`` marks as a dequantization (``dequantization_node``,
+    ``DisableConstantFolding``). The marks are not saved in the IR: in memory they
+    stop the CPU plugin's RoPE fusion (rotate_half) and a saved and read-back model
+    computes other (1e-7) numbers than the program that saved it. Delete when the
+    neg conversion no longer carries the marks (``program._compiled.get_runtime_model()``
+    lists ``RoPE`` nodes for Llama without this fix).
+    """
+    import torch
+
+    for node in [n for n in graph.nodes if n.target is torch.ops.aten.neg.default]:
+        with graph.inserting_before(node):
+            product = graph.call_function(torch.ops.aten.mul.Tensor, (node.args[0], -1))
+        product.meta.update(node.meta)
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+
+
+def mod_by_floordiv(graph: Any, /) -> None:
+    """Rewrite ``a % b`` on sizes (``operator.mod``) as ``a - (a // b) * b``, which is the same for ints.
+
+    Shape arithmetic such as Swin's window padding (``(window - width % window) % window``) stays
+    in the exported graph as ``operator.mod`` on SymInts when the image size is dynamic; OpenVINO
+    2026.4's PyTorch frontend converts ``operator`` ``add``, ``sub``, ``mul``, ``floordiv`` and ``neg``
+    but not ``mod`` ("No conversion rule found for operations: <built-in function mod>"). Delete
+    when the frontend converts ``mod``.
+    """
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is operator.mod]:
+        dividend, divisor = node.args
+        with graph.inserting_before(node):
+            quotient = _sym_node(graph, operator.floordiv, dividend, divisor)
+            multiple = _sym_node(graph, operator.mul, quotient, divisor)
+            remainder = _sym_node(graph, operator.sub, dividend, multiple)
+        remainder.meta.update(node.meta)
+        node.replace_all_uses_with(remainder)
+        graph.erase_node(node)
+
+
+def _sym_node(graph: Any, function: Callable[[Any, Any], Any], left: Any, right: Any) -> Any:
+    """A ``call_function`` node of ``function(left, right)`` whose ``val`` meta is that of its operands'."""
+    node = graph.call_function(function, (left, right))
+    values = [v.meta.get("val") if hasattr(v, "meta") else v for v in (left, right)]
+    if all(v is not None for v in values):
+        node.meta["val"] = function(*values)
+    return node
+
+
+def separate_outputs(graph: Any, /) -> None:
+    """Give each graph output its own node when it repeats another output or returns an input as is.
+
+    OpenVINO 2026.4's PyTorch frontend names a tensor after the output that
+    returns it: a tensor returned twice fails conversion ("Tensor name is not a
+    number", translate_session.cpp), and naming a returned input renames the
+    input too: any graph whose outputs repeat a value or return an input as is
+    (tests/backends/test_openvino_fixes.py has one). ``x * 1`` (``x & x`` for
+    bool) survives conversion as a node of its own. Delete when the frontend
+    gives each output port its own tensor name.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    output = next(node for node in reversed(graph.nodes) if node.op == "output")
+    seen: set[Any] = set()
+    values = []
+    for value in output.args[0]:
+        if isinstance(value, torch.fx.Node) and (value in seen or value.op == "placeholder"):
+            is_bool = getattr(value.meta.get("val"), "dtype", None) == torch.bool
+            with graph.inserting_before(output):
+                if is_bool:
+                    value = graph.call_function(aten.logical_and.default, (value, value))
+                else:
+                    value = graph.call_function(aten.mul.Tensor, (value, 1))
+        seen.add(value)
+        values.append(value)
+    output.args = (type(output.args[0])(values),)
+
+
+# The rewrites ``lower_to_ov`` applies to the decomposed FX graph (a private copy), in order.
+# separate_outputs comes last: the others may leave an output that is another output or an input.
+# Read, extend or replace: ``lower_to_ov(graph_fixes=(*OV_GRAPH_FIXES, my_fix))``.
+OV_GRAPH_FIXES: tuple[OvGraphFix, ...] = (
+    static_view_sizes,
+    drop_empty_cat_operands,
+    negate_by_multiplying,
+    mod_by_floordiv,
+    separate_outputs,
+)

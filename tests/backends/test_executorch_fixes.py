@@ -1,0 +1,427 @@
+"""``PTE_PATCHES``: what each ExecuTorch workaround does, that it steps aside without its bug, and the patch contract.
+
+Each tiny module below has the pattern one patch handles; lowering it (2-10 s)
+checks that the ``.pte`` computes what eager does. The canaries lower without the
+patch (``lower_to_pte(patches=...)``) and fail when ExecuTorch has fixed the bug.
+"""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+from transformers.pytorch_utils import Conv1D
+
+pytest.importorskip("executorch")
+
+import hfx  # noqa: E402
+from hfx._verify import verify  # noqa: E402
+from hfx.backends import PTE_PATCHES  # noqa: E402
+from hfx.backends import _executorch_fixes as fixes  # noqa: E402
+from hfx.backends._executorch import DEFAULT_MAX_SIZES, PteProgram, lower_to_pte  # noqa: E402
+from hfx.backends._executorch_fixes import (  # noqa: E402
+    exact_upper_bound,
+    flash_attention_for_cpu_like_query,
+    laid_out_like,
+    patch_edge_decomposition_table,
+    patch_edge_validator_list_returns,
+    patch_edge_verifier_sym_functions,
+    patch_exact_upper_bounds,
+    patch_sdpa_decomposition_layout,
+    patch_xnnpack_conv1d_dynamic_dims,
+    patch_xnnpack_tanh_gelu,
+)
+from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE  # noqa: E402
+
+_FLASH_FOR_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_HIDDEN, _HEADS = 32, 4
+
+
+class _Conv1d(torch.nn.Module):
+    """A wav2vec2-like feature extractor: a strided 1-D convolution over ``[batch, channels, frames]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 4, kernel_size=3, stride=2)
+
+    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
+        return self.conv(input_values).relu()
+
+
+class _Chunked(torch.nn.Module):
+    """A Mamba-like gated projection: ``in_proj(x).chunk(2, dim=-1)`` of a batched tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 8)
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        value, gate = self.proj(values).chunk(2, dim=-1)
+        return value * torch.sigmoid(gate)
+
+
+class _TanhGelu(torch.nn.Module):
+    """Gemma's MLP activation, ``gelu_pytorch_tanh``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 64)
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.proj(values), approximate="tanh")
+
+
+class _Bucketed(torch.nn.Module):
+    """Idefics3's patch positions: ``torch.bucketize`` of fractional coordinates into fixed boundaries."""
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        boundaries = torch.arange(1 / 8, 1.0, 1 / 8)
+        return torch.bucketize(values, boundaries, right=True) * 2 + torch.bucketize(values, boundaries)
+
+
+class _Windowed(torch.nn.Module):
+    """Swin's window partition: pad to even, view as ``[batch, P // 2, P // (P // 2)]`` (always 2), then pairs."""
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        padded = torch.nn.functional.pad(values, (0, values.shape[1] % 2))
+        windows = padded.view(padded.shape[0], padded.shape[1] // 2, -1)
+        return (windows.unsqueeze(-1) * windows.unsqueeze(-2)).sum(-1)
+
+
+class _Conv1DAttention(torch.nn.Module):
+    """GPT-2 attention in small: fused ``c_attn`` split into heads, SDPA with a padding mask, ``Conv1D`` out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_attn = Conv1D(3 * _HIDDEN, _HIDDEN)
+        self.c_proj = Conv1D(_HIDDEN, _HIDDEN)
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        shape = (*inputs_embeds.shape[:-1], -1, _HIDDEN // _HEADS)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in self.c_attn(inputs_embeds).split(_HIDDEN, dim=2))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask[:, None, None, :] > 0)
+        return self.c_proj(out.transpose(1, 2).contiguous().reshape(*inputs_embeds.shape[:-1], -1))
+
+
+def _exported_tiny(
+    module: torch.nn.Module, example: torch.Tensor, axes: dict[int, str], *, name: str = "values"
+) -> hfx.Exported:
+    shapes = hfx.DynamicShapes(axes={name: axes}, bounds={dim: (1, 64) for dim in axes.values()})
+    return hfx.export(hfx.capture({name: example}, module, dynamic_shapes=shapes))
+
+
+def _lowered_tiny(
+    module: torch.nn.Module, example: torch.Tensor, axes: dict[int, str], *, name: str = "values"
+) -> PteProgram:
+    return lower_to_pte(_exported_tiny(module, example, axes, name=name))
+
+
+def _attention_inputs(batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    mask = torch.ones(batch, sequence, dtype=torch.long)
+    mask[0, : sequence // 3] = 0
+    return {"inputs_embeds": torch.randn(batch, sequence, _HIDDEN), "attention_mask": mask}
+
+
+@pytest.fixture(scope="module")
+def attention():
+    """The small GPT-2 attention and its export at the usual capture shape."""
+    torch.manual_seed(0)
+    model = _Conv1DAttention().eval()
+    return model, hfx.export(hfx.capture(_attention_inputs(**CAPTURE_SHAPE), model))
+
+
+def _edge_decomposed(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` decomposed with ExecuTorch's edge table, as ``to_edge`` does first."""
+    from executorch.exir.tracer import _default_decomposition_table
+
+    return program.run_decompositions(_default_decomposition_table())
+
+
+def _node(shape: tuple[object, ...], *args: object, **kwargs: object) -> torch.fx.Node:
+    """An FX ``call_function`` node whose ``meta["val"]`` has ``shape`` (strings are symbolic dims)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    graph = torch.fx.Graph()
+    node = graph.call_function(torch.ops.aten.relu.default, args, kwargs)
+    sizes = [env.create_unbacked_symint() if isinstance(d, str) else d for d in shape]
+    with torch._subclasses.FakeTensorMode(shape_env=env):
+        node.meta["val"] = torch.empty(sizes)
+    return node
+
+
+def _without(patch) -> tuple:
+    return tuple(p for p in PTE_PATCHES if p is not patch)
+
+
+# --- the edge verifier -----------------------------------------------------------------------------
+
+
+def test_verifier_patch_steps_aside_when_the_allowlist_has_the_sym_functions(monkeypatch):
+    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
+    from executorch.exir.verification import verifier
+
+    fixed = {*vars(verifier)["_EXECUTORCH_SYM_OPS"], *_PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS}
+    monkeypatch.setattr(verifier, "_EXECUTORCH_SYM_OPS", fixed)
+    with patch_edge_verifier_sym_functions():
+        assert vars(verifier)["_EXECUTORCH_SYM_OPS"] is fixed
+
+
+# --- the edge dtype validator ----------------------------------------------------------------------
+
+
+def test_a_chunk_of_the_batch_dim_keeps_the_batch_dynamic():
+    torch.manual_seed(0)
+    module = _Chunked()
+    program = _lowered_tiny(module, torch.randn(2, 5, 4), {0: "batch"})
+    assert program.io.bounds["batch"] == (1, DEFAULT_MAX_SIZES["batch"])
+    x = torch.randn(3, 5, 4)
+    assert torch.allclose(program(values=x), module(x), atol=1e-5)
+
+
+def test_without_the_validator_patch_a_chunk_still_fixes_the_batch():
+    """Canary: when this fails, the validator keeps the batch of a split dynamic and the patch can go."""
+    torch.manual_seed(0)
+    exported = _exported_tiny(_Chunked(), torch.randn(2, 5, 4), {0: "batch"})
+    program = lower_to_pte(exported, patches=_without(patch_edge_validator_list_returns))
+    with pytest.raises(hfx.LoweringError, match=r"set_inputs\(\) for method 'forward' failed with error 0x10"):
+        program(values=torch.randn(3, 5, 4))
+
+
+def test_the_validator_patch_sees_a_tensor_list_return_whole():
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    seen = []
+
+    class Probe:
+        node = _node((2, 3))
+
+    def original(self, target, args, kwargs):
+        seen.append(self.node.meta["val"])
+
+    Probe.node.meta["val"] = [torch.empty(2, 3), torch.empty(2, 3)]
+    wrapped = fixes._validating_list_returns_whole(original)
+    wrapped(Probe(), exir_ops.edge.aten.split_with_sizes_copy.default, (), {})
+    wrapped(Probe(), exir_ops.edge.aten.relu.default, (), {})
+    assert isinstance(seen[0], tuple) and seen[0][0] is seen[1]  # wrapped for the call, restored after
+    assert isinstance(Probe.node.meta["val"], list)
+
+
+# --- the edge decompositions -----------------------------------------------------------------------
+
+
+def test_bucketize_is_decomposed_at_the_edge_and_computed_as_eager():
+    module = _Bucketed()
+    program = _lowered_tiny(module, torch.rand(2, 5), {0: "batch"})
+    x = torch.cat([torch.rand(3, 3), torch.tensor([[0.0, 0.125], [0.5, 0.875], [1.0, 0.25]])], dim=1)
+    assert torch.equal(program(values=x), module(x))
+
+
+def test_without_the_decomposition_patch_bucketize_still_fails():
+    """Canary, and the option honoured: when this fails, ExecuTorch decomposes bucketize and the patch can go."""
+    exported = _exported_tiny(_Bucketed(), torch.rand(2, 5), {0: "batch"})
+    with pytest.raises(hfx.LoweringError, match=r"aten\.bucketize\.Tensor is not in Core ATen opset"):
+        lower_to_pte(exported, patches=_without(patch_edge_decomposition_table))
+
+
+def test_the_decomposition_patch_adds_torchs_decomposition_to_each_table():
+    from executorch.exir.program import _program
+    from torch._decomp import decomposition_table
+
+    bucketize = torch.ops.aten.bucketize.Tensor
+    assert bucketize not in _program._default_decomposition_table()
+    with patch_edge_decomposition_table():
+        table = _program._default_decomposition_table()
+        assert table[bucketize] is decomposition_table[bucketize]
+        assert torch.ops.aten.linalg_vector_norm.default in table  # ExecuTorch's own entries are kept
+
+
+def test_the_decomposition_patch_steps_aside_when_the_table_has_the_ops(monkeypatch):
+    from executorch.exir.program import _program
+
+    original = vars(_program)["_default_decomposition_table"]
+
+    def fixed(*args, **kwargs):
+        table = original(*args, **kwargs)
+        table[torch.ops.aten.bucketize.Tensor] = lambda *a, **k: None
+        return table
+
+    monkeypatch.setattr(_program, "_default_decomposition_table", fixed)
+    with patch_edge_decomposition_table():
+        assert vars(_program)["_default_decomposition_table"] is fixed
+
+
+# --- the XNNPACK partitioner -----------------------------------------------------------------------
+
+
+def test_a_conv1d_with_two_dynamic_dims_lowers_and_runs_at_new_sizes():
+    torch.manual_seed(0)
+    module = _Conv1d()
+    program = _lowered_tiny(module, torch.randn(2, 2, 20), {0: "batch", 2: "frames"}, name="input_values")
+    x = torch.randn(3, 2, 33)
+    assert torch.allclose(program(input_values=x), module(x), atol=1e-5)
+
+
+def test_without_the_conv1d_patch_xnnpack_still_cannot_serialise_the_reshapes():
+    """Canary: when this fails, XNNPACK takes a 1-D convolution with two dynamic dims and the patch can go."""
+    exported = _exported_tiny(_Conv1d(), torch.randn(2, 2, 20), {0: "batch", 2: "frames"}, name="input_values")
+    with pytest.raises(hfx.LoweringError, match="XNNPACK reshape only supports 1 dynamic dimension"):
+        lower_to_pte(exported, patches=_without(patch_xnnpack_conv1d_dynamic_dims))
+
+
+def test_the_tanh_gelu_is_computed_as_asked():
+    torch.manual_seed(0)
+    module = _TanhGelu()
+    program = _lowered_tiny(module, torch.randn(2, 4) * 3, {0: "batch"})
+    x = torch.randn(3, 4) * 3
+    hidden = module.proj(x)
+    erf_gap = (torch.nn.functional.gelu(hidden) - module(x)).abs().max()
+    assert erf_gap > 1e-4  # the erf GELU XNNPACK would compute is told apart at this tolerance
+    assert (program(values=x) - module(x)).abs().max() < 1e-5
+
+
+def test_without_the_gelu_patch_xnnpack_still_computes_the_erf_gelu():
+    """Canary: when this fails, XNNPACK computes the tanh GELU (or refuses it) and the patch can go."""
+    torch.manual_seed(0)
+    module = _TanhGelu()
+    program = lower_to_pte(_exported_tiny(module, torch.randn(2, 4) * 3, {0: "batch"}),
+                           patches=_without(patch_xnnpack_tanh_gelu))
+    x = torch.randn(3, 4) * 3
+    torch.testing.assert_close(program(values=x), torch.nn.functional.gelu(module.proj(x)), atol=1e-5, rtol=0)
+
+
+def test_the_conv1d_check_refuses_two_dynamic_dims_only_for_1d_convolutions():
+    check = fixes._conv1d_reshapes_have_one_dynamic_dim
+    weight_1d, weight_2d = _node((4, 2, 3)), _node((4, 2, 3, 3))
+    both = _node(("b", 2, "t"))
+    assert not check(_node(("b", 4, "t"), both, weight_1d))
+    assert not check(_node(("b", 4, 9), both, weight_1d))  # the input's unsqueeze has two
+    assert check(_node(("b", 4, 9), _node(("b", 2, 20)), weight_1d))
+    assert check(_node(("b", 4, "h", "w"), _node(("b", 2, "h", "w")), weight_2d))
+
+
+def test_the_gelu_check_accepts_the_erf_gelu_only():
+    x = _node((2, 3))
+    assert fixes._is_exact_gelu(_node((2, 3), x))
+    assert fixes._is_exact_gelu(_node((2, 3), x, approximate="none"))
+    assert not fixes._is_exact_gelu(_node((2, 3), x, approximate="tanh"))
+
+
+def test_a_partitioner_refusal_stays_a_refusal():
+    refuse = fixes._refusing(lambda self, node, ep: False, lambda node: True)
+    accept = fixes._refusing(lambda self, node, ep: True, lambda node: True)
+    assert (refuse(None, _node((2,)), None), accept(None, _node((2,)), None)) == (False, True)
+
+
+# --- torch's SDPA decomposition --------------------------------------------------------------------
+
+
+def _queries() -> dict[str, torch.Tensor]:
+    """Queries laid out as Hugging Face attention, ``nn.MultiheadAttention`` and a contiguous tensor lay them out."""
+    fused = torch.randn(2, 7, 3 * _HIDDEN)
+    return {
+        "hugging_face": fused[..., :_HIDDEN].reshape(2, 7, _HEADS, -1).transpose(1, 2),
+        "multihead_attention": torch.randn(7, 2 * _HEADS, 8).transpose(0, 1).reshape(2, _HEADS, 7, 8),
+        "contiguous": torch.randn(2, _HEADS, 7, 8),
+    }
+
+
+@pytest.mark.parametrize("layout", ["hugging_face", "multihead_attention", "contiguous"])
+def test_the_decomposition_lays_out_its_output_as_the_kernel_does(layout):
+    query = _queries()[layout]
+    want = _FLASH_FOR_CPU(query, query, query)[0]
+    got = flash_attention_for_cpu_like_query(query, query, query)[0]
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_laid_out_like_keeps_the_values():
+    tensor, like = torch.randn(2, 4, 7, 8), torch.empty(2, 7, 4, 8).transpose(1, 2)
+    out = laid_out_like(tensor, like)
+    assert out.stride() == like.stride()
+    assert torch.equal(out, tensor)
+
+
+def test_edge_decomposition_keeps_the_traced_layout(attention):
+    _, exported = attention
+    with patch_sdpa_decomposition_layout():
+        decomposed = _edge_decomposed(exported.program)
+    targets = {node.target for node in decomposed.graph.nodes}
+    assert torch.ops.aten.scaled_dot_product_attention.default not in targets
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default not in targets
+
+
+def test_a_conv1d_attention_lowers_and_matches_eager_on_new_shapes(attention):
+    model, exported = attention
+    torch.manual_seed(1)
+    report = verify(model, _attention_inputs(**NEW_SHAPE), lower_to_pte(exported))
+    assert report.max_abs <= 1e-5, str(report)
+
+
+def test_decomposing_leaves_the_program_and_the_table_unchanged(attention):
+    from torch._decomp import decomposition_table
+
+    _, exported = attention
+    graph, original = str(exported.program.graph), decomposition_table[_FLASH_FOR_CPU]
+    with patch_sdpa_decomposition_layout():
+        _edge_decomposed(exported.program)
+    assert str(exported.program.graph) == graph
+    assert decomposition_table[_FLASH_FOR_CPU] is original
+
+
+def test_the_sdpa_patch_steps_aside_when_torchs_decomposition_keeps_the_layout(monkeypatch):
+    from torch._decomp import decomposition_table
+
+    def fixed(*args, **kwargs):
+        return flash_attention_for_cpu_like_query(*args, **kwargs)
+
+    assert not fixes._keeps_the_query_layout(decomposition_table[_FLASH_FOR_CPU])
+    monkeypatch.setitem(decomposition_table, _FLASH_FOR_CPU, fixed)
+    with patch_sdpa_decomposition_layout():
+        assert decomposition_table[_FLASH_FOR_CPU] is fixed
+
+
+def test_without_the_patch_the_edge_decomposition_still_cannot_view(attention):
+    """Canary: when this fails, torch's decomposition keeps the kernel's layout and the patch can go."""
+    _, exported = attention
+    with pytest.raises(ValueError, match="Cannot view a tensor with shape"):
+        _edge_decomposed(exported.program)
+
+
+# --- memory planning -------------------------------------------------------------------------------
+
+
+def test_memory_is_planned_at_the_exact_upper_bound_of_correlated_sizes():
+    module = _Windowed()
+    program = _lowered_tiny(module, torch.randn(2, 10), {0: "batch", 1: "length"})
+    # batch 4 x 32 windows x 2 x 2 floats per tensor; interval arithmetic planned 2 x 64 instead of 2 (>= 2 MiB)
+    assert program.planned_bytes < 64 * 1024
+    for length in (7, 64):
+        x = torch.randn(4, length)
+        assert torch.allclose(program(values=x), module(x), atol=1e-5)
+
+
+def test_without_the_exact_bounds_patch_correlated_sizes_are_still_planned_too_large():
+    """Canary: when this fails, ExecuTorch bounds ``P // (P // 2)`` tightly and the patch can go."""
+    exported = _exported_tiny(_Windowed(), torch.randn(2, 10), {0: "batch", 1: "length"})
+    program = lower_to_pte(exported, patches=_without(patch_exact_upper_bounds))
+    assert program.planned_bytes >= 2 * 1024 * 1024
+
+
+def test_the_exact_upper_bound_skips_zero_divisors_and_gives_up_on_unknown_functions():
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    p = sympy.Symbol("p", integer=True, positive=True)
+    assert exact_upper_bound(FloorDiv(12, FloorDiv(p, 4)), {p: ValueRanges(1, 16)}) == 12  # p < 4 divides by 0
+    assert exact_upper_bound(3 * p + 1, {p: ValueRanges(1, 16)}) == 49
+    assert exact_upper_bound(sympy.sin(p), {p: ValueRanges(1, 16)}) is None
+    assert exact_upper_bound(p, {p: ValueRanges(1, sympy.oo)}) is None
+
+
+# --- the patch contract ----------------------------------------------------------------------------
+
+# (patch, module, class in it or None, attribute name) of each attribute a patch of PTE_PATCHES wraps.
+
+

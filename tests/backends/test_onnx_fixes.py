@@ -1,0 +1,155 @@
+"""``ONNX_FIXES``: what each ONNX workaround does, and the canaries that fail once upstream fixes its bug.
+
+``convert_under_no_grad``: SDPA whose mask is built from a parameter (T5's relative
+position bias). torch.export drops the no-op ``.transpose(1, 2).contiguous()`` after
+CPU SDPA's flash kernel; torch.onnx's fake re-run with grad enabled takes the math
+kernel instead, and the ``view`` after it failed ("Cannot view a tensor with shape
+..."). The fix lowers under ``no_grad``, as ``export`` traced.
+
+``bfloat16_arithmetic_in_float32``: bfloat16 elementwise ops in a float32 model
+(Falcon's ALiBi slopes), which ONNX Runtime's CPU provider cannot load.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+
+import onnx_ir as ir  # noqa: E402 - after the importorskip
+import onnxruntime  # noqa: E402
+
+import hfx  # noqa: E402
+from hfx._verify import verify  # noqa: E402
+from hfx.backends import ONNX_FIXES  # noqa: E402
+from hfx.backends._onnx import OnnxProgram, lower_to_onnx  # noqa: E402
+from hfx.backends._onnx_fixes import bfloat16_arithmetic_in_float32, convert_under_no_grad  # noqa: E402
+from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE, new_inputs  # noqa: E402
+
+
+def _without(fix) -> tuple:
+    return tuple(f for f in ONNX_FIXES if f is not fix)
+
+
+class _BiasedAttention(torch.nn.Module):
+    """T5 attention in small: a float mask plus a learned bias into SDPA, then ``transpose(1, 2).contiguous()``."""
+
+    def __init__(self, hidden: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+        self.position_bias = torch.nn.Parameter(torch.randn(heads, 1, 1))
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        shape = (*inputs_embeds.shape[:-1], -1, self.head_dim)
+        q, k, v = (proj(inputs_embeds).view(shape).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        padding = (1.0 - attention_mask[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=padding + self.position_bias)
+        return self.o(out.transpose(1, 2).contiguous().reshape(*inputs_embeds.shape[:-1], -1))
+
+
+def _biased_inputs(batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    mask = torch.ones(batch, sequence, dtype=torch.long)
+    mask[0, : sequence // 3] = 0
+    return {"inputs_embeds": torch.randn(batch, sequence, 32), "attention_mask": mask}
+
+
+@pytest.fixture(scope="module")
+def biased():
+    """The small model and its export, captured at the usual shape."""
+    torch.manual_seed(0)
+    model = _BiasedAttention().eval()
+    return model, hfx.export(hfx.capture(_biased_inputs(**CAPTURE_SHAPE), model))
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def test_t5_encoder_lowers_and_matches_eager_on_new_shapes(generative):
+    model, parts = generative("t5")
+    program = lower_to_onnx(parts["encoder"])
+    report = verify(model.get_encoder(), new_inputs("t5"), program)
+    assert report.passed, str(report)
+    assert report.max_abs <= 1e-4, str(report)
+
+
+def test_biased_sdpa_lowers_and_matches_eager_on_new_shapes(biased):
+    model, exported = biased
+    torch.manual_seed(1)
+    report = verify(model, _biased_inputs(**NEW_SHAPE), lower_to_onnx(exported))
+    assert report.max_abs <= 1e-5, str(report)
+
+
+# --- the input and the process left unchanged --------------------------------------------------
+
+
+def test_exported_and_grad_mode_are_unchanged_by_lowering(biased):
+    _, exported = biased
+    graph = str(exported.program.graph)
+    assert torch.is_grad_enabled()
+    assert isinstance(lower_to_onnx(exported), OnnxProgram)
+    assert torch.is_grad_enabled()
+    assert str(exported.program.graph) == graph
+
+
+# --- the failure the fix removes ----------------------------------------------------------------
+
+
+def test_without_no_grad_torch_onnx_still_cannot_view(biased):
+    """Canary, and the option honoured: when this fails, torch.onnx keeps the traced strides and the fix can go."""
+    _, exported = biased
+    with pytest.raises(hfx.LoweringError, match="Cannot view a tensor with shape"):
+        lower_to_onnx(exported, fixes=_without(convert_under_no_grad))
+
+
+def test_the_grad_mode_fix_runs_the_conversion_under_no_grad():
+    assert torch.is_grad_enabled()
+    assert convert_under_no_grad(torch.is_grad_enabled) is False
+    assert torch.is_grad_enabled()
+
+
+# --- bfloat16 arithmetic ---------------------------------------------------------------------------
+
+
+class _Bfloat16Arithmetic(torch.nn.Module):
+    """A float32 model with bfloat16 arithmetic inside (Falcon's ALiBi slopes) and a bfloat16 output."""
+
+    def forward(self, x):
+        scaled = x.to(torch.bfloat16) * torch.tensor([0.25, 0.0625, 0.015625], dtype=torch.bfloat16)
+        return {"inside": scaled.float() + x, "rounded": scaled / 3}
+
+
+def test_bfloat16_elementwise_ops_run_in_float32_and_round_like_torch():
+    program = lower_to_onnx(hfx.capture({"x": torch.randn(2, 3)}, _Bfloat16Arithmetic()))
+    graph = program.model.graph
+    ops = [(node.op_type, node.outputs[0].dtype) for node in graph]
+    assert ("Mul", ir.DataType.FLOAT) in ops and ("Div", ir.DataType.FLOAT) in ops
+    rounded = graph.outputs[1]  # a bfloat16 graph output keeps its name and becomes the Cast of the float32 Div
+    assert (rounded.name, rounded.dtype, rounded.producer().op_type) == ("rounded", ir.DataType.BFLOAT16, "Cast")
+    assert rounded.producer().inputs[0].producer().op_type == "Div"
+    x = torch.randn(5, 3) * 100
+    # OnnxProgram hands outputs over through numpy, which has no bfloat16: run the float32 output only.
+    session = onnxruntime.InferenceSession(ir.to_proto(program.model).SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    (inside,) = session.run(["inside"], {"x": x.numpy()})
+    assert torch.equal(torch.from_numpy(inside), _Bfloat16Arithmetic()(x)["inside"])
+
+
+def test_without_the_bfloat16_fix_onnx_runtime_still_refuses_bfloat16_arithmetic():
+    """Canary, and the option honoured: when this fails, ONNX Runtime runs bfloat16 Mul and the fix can go."""
+    capture = hfx.capture({"x": torch.randn(2, 3)}, _Bfloat16Arithmetic())
+    with pytest.raises(hfx.LoweringError, match=r"Could not find an implementation for Mul"):
+        lower_to_onnx(capture, fixes=_without(bfloat16_arithmetic_in_float32))
+
+
+def test_the_bfloat16_fix_leaves_a_float32_model_as_it_is():
+    model = ir.Model(ir.Graph([], [], nodes=[]), ir_version=10)
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
+    model.graph.inputs.append(x)
+    node = ir.Node("", "Mul", [x, x], num_outputs=1)
+    model.graph.append(node)
+    model.graph.outputs.append(node.outputs[0])
+    assert bfloat16_arithmetic_in_float32(lambda: model) is model
+    assert [n.op_type for n in model.graph] == ["Mul"]
+

@@ -1,0 +1,173 @@
+"""``OV_GRAPH_FIXES``: what each FX graph rewrite does, and the canaries that fail once OpenVINO converts the pattern.
+
+Each tiny module below has the pattern one fix handles. The canaries lower it
+without that fix (``lower_to_ov(graph_fixes=...)``) and expect OpenVINO's own failure.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+
+import hfx
+
+pytest.importorskip("openvino")
+
+from hfx.backends import OV_GRAPH_FIXES  # noqa: E402
+from hfx.backends._openvino import lower_to_ov  # noqa: E402
+from hfx.backends._openvino_fixes import (  # noqa: E402
+    drop_empty_cat_operands,
+    mod_by_floordiv,
+    negate_by_multiplying,
+    separate_outputs,
+    static_view_sizes,
+)
+
+
+def _without(fix) -> tuple:
+    return tuple(f for f in OV_GRAPH_FIXES if f is not fix)
+
+
+def _exported(module: torch.nn.Module, **inputs: torch.Tensor) -> hfx.Exported:
+    return hfx.export(hfx.capture(inputs, module))
+
+
+# --- repeated and passed-through outputs -----------------------------------------------------------
+
+
+class _Repeats(torch.nn.Module):
+    def forward(self, x, mask):
+        doubled = x * 2
+        return {"doubled": doubled, "again": doubled, "x": x, "mask": mask}
+
+
+def test_repeated_and_passed_through_outputs_get_their_own_ports():
+    inputs = {"x": torch.randn(2, 3), "mask": torch.tensor([[True, False, True]] * 2)}
+    program = lower_to_ov(hfx.capture(inputs, _Repeats()))
+    assert [p.get_names() for p in program.model.inputs] == [{"x"}, {"mask"}]
+    assert [p.get_names() for p in program.model.outputs] == [{n} for n in program.io.output_names]
+    new = {"x": torch.randn(4, 3), "mask": torch.tensor([[False, True, True]] * 4)}
+    got = program(**new)
+    assert torch.equal(got["doubled"], new["x"] * 2) and torch.equal(got["again"], new["x"] * 2)
+    assert torch.equal(got["x"], new["x"]) and torch.equal(got["mask"], new["mask"])
+
+
+def test_without_separate_outputs_a_repeated_output_still_fails():
+    """Canary, and the option honoured: when this fails, OpenVINO names repeated outputs and the fix can go."""
+    exported = _exported(_Repeats(), x=torch.randn(2, 3), mask=torch.tensor([[True, False, True]] * 2))
+    with pytest.raises(hfx.LoweringError, match="Tensor name is not a number"):
+        lower_to_ov(exported, graph_fixes=_without(separate_outputs))
+
+
+# --- % on sizes --------------------------------------------------------------------------------------
+
+
+class _PadToWindow(torch.nn.Module):
+    """Pads the last axis to a multiple of 4, as Swin pads to its window: ``operator.mod`` on a dynamic size."""
+
+    def forward(self, x):
+        return torch.nn.functional.pad(x, (0, (4 - x.shape[-1] % 4) % 4)) * 2
+
+
+@pytest.fixture(scope="module")
+def padded():
+    shapes = hfx.DynamicShapes(axes={"x": {1: "width"}}, bounds={"width": (2, 64)})
+    return hfx.export(hfx.capture({"x": torch.randn(2, 5)}, _PadToWindow(), dynamic_shapes=shapes))
+
+
+def test_size_arithmetic_with_mod_converts(padded):
+    assert any(node.target is operator.mod for node in padded.program.graph.nodes)
+    program = lower_to_ov(padded)
+    for width in (5, 8, 11):
+        x = torch.randn(2, width)
+        assert torch.equal(program(x=x), _PadToWindow()(x))
+
+
+def test_without_mod_by_floordiv_size_arithmetic_still_fails(padded):
+    """Canary, and the option honoured: when this fails, OpenVINO converts ``operator.mod`` and the fix can go."""
+    with pytest.raises(hfx.LoweringError, match="No conversion rule found for operations: <built-in function mod>"):
+        lower_to_ov(padded, graph_fixes=_without(mod_by_floordiv))
+
+
+# --- static view sizes -----------------------------------------------------------------------------
+
+
+class _AlibiReshape(torch.nn.Module):
+    """Falcon's decode pattern: a [batch * heads, 1, keys] bias viewed back as (batch, -1, 1, keys)."""
+
+    heads = 4
+
+    def forward(self, x, mask):
+        bias = (x.repeat_interleave(self.heads, 0)[:, None, :] * mask[:, None, :].repeat_interleave(self.heads, 0))
+        return bias.reshape(x.shape[0], -1, 1, x.shape[-1]) + mask[:, None, None, :]
+
+
+def test_a_view_whose_inferred_size_is_static_keeps_it():
+    shapes = hfx.DynamicShapes(axes={"x": {0: "batch", 1: "keys"}, "mask": {0: "batch", 1: "keys"}},
+                               bounds={"batch": (1, 8), "keys": (2, 64)})
+    exported = hfx.export(hfx.capture({"x": torch.randn(2, 5), "mask": torch.ones(2, 5)}, _AlibiReshape(),
+                                      dynamic_shapes=shapes))
+    module = exported.program.module()
+    static_view_sizes(module.graph)
+    targets = [n.args[1] for n in module.graph.nodes if n.target in (torch.ops.aten.view.default,
+                                                                     torch.ops.aten.reshape.default)]
+    assert targets and all(-1 not in list(t) for t in targets)
+    program = lower_to_ov(exported)
+    for batch, keys in ((3, 6), (1, 2)):
+        x, mask = torch.randn(batch, keys), torch.rand(batch, keys)
+        torch.testing.assert_close(program(x=x, mask=mask), _AlibiReshape()(x, mask))
+
+
+# --- empty cat operands ----------------------------------------------------------------------------
+
+
+class _EmptyCat(torch.nn.Module):
+    """A ``DynamicLayer``'s first update: its empty ``f32[0]`` keys concatenated with the new ones."""
+
+    def forward(self, x):
+        return torch.cat([torch.tensor([]), x], dim=-2) * 2
+
+
+@pytest.fixture(scope="module")
+def empty_cat():
+    return _exported(_EmptyCat(), x=torch.randn(2, 3, 4))
+
+
+def test_an_empty_cat_operand_is_dropped_and_the_cat_converts(empty_cat):
+    module = empty_cat.program.module()
+    drop_empty_cat_operands(module.graph)
+    cats = [n for n in module.graph.nodes if n.target is torch.ops.aten.cat.default]
+    assert [len(n.args[0]) for n in cats] == [1]
+    x = torch.randn(3, 3, 4)
+    assert torch.equal(lower_to_ov(empty_cat)(x=x), _EmptyCat()(x))
+
+
+def test_without_the_fix_an_empty_cat_operand_still_fails(empty_cat):
+    """Canary, and the option honoured: when this fails, OpenVINO converts such a cat and the fix can go."""
+    with pytest.raises(hfx.LoweringError, match="Conversion is failed for: SequenceMark, aten.cat.default"):
+        lower_to_ov(empty_cat, graph_fixes=_without(drop_empty_cat_operands))
+
+
+# --- neg -------------------------------------------------------------------------------------------
+
+
+class _RotateHalf(torch.nn.Module):
+    """Llama's ``rotate_half``: the RoPE pattern whose ``neg`` OpenVINO marks as a dequantization."""
+
+    def forward(self, x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def test_neg_becomes_a_product_with_the_same_values():
+    exported = _exported(_RotateHalf(), x=torch.randn(2, 3, 4))
+    module = exported.program.module()
+    negate_by_multiplying(module.graph)
+    module.recompile()
+    targets = [n.target for n in module.graph.nodes]
+    assert torch.ops.aten.neg.default not in targets and torch.ops.aten.mul.Tensor in targets
+    x = torch.randn(2, 3, 4)
+    assert torch.equal(module(x=x), _RotateHalf()(x))
+    assert torch.equal(lower_to_ov(exported)(x=x), _RotateHalf()(x))
