@@ -266,6 +266,11 @@ def _concatenated(outputs: list[Any]) -> Any:
 _GENERATED_TOKEN_TYPES = {"mm_token_type_ids": 0, "token_type_ids": 1}
 
 
+def _runner(program: Any) -> Any:
+    """What the loop calls: a stateful program's session (its cache grows inside the runtime), else the program."""
+    return program.session() if getattr(program, "state", ()) else program
+
+
 def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, token_key: str, mask_key: str,
           max_new_tokens: int, eos: set[int], pad: Any, choose: dict[str, Any],
           features: Mapping[str, Any] | None = None) -> torch.Tensor:
@@ -282,6 +287,12 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
     finished = torch.zeros(batch, dtype=torch.bool)
     generated = []
     program = programs[name]
+    if name != "decode" and getattr(programs.get("decode"), "state", ()):
+        msg = (f"generate: the decode component keeps its cache in the runtime, so it prefills too; the {name!r} "
+               "component cannot hand it a cache. Decompose with multi_token_decode=True (no prefill component).")
+        raise ValueError(msg)
+    run = _runner(program)
+    state["beam_idx"] = torch.arange(batch, dtype=torch.int32)  # a stateful graph's cache rows, kept in order
     sections = _position_sections(program)
     positions = None
     for _ in range(max_new_tokens):
@@ -299,7 +310,7 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         if name == "language_model":
             outputs = _split_prefill(programs, state, features, cache_key)
         else:
-            outputs = program(**_step_inputs(program, name, state))
+            outputs = run(**_step_inputs(program, name, state))
         token = _select(outputs.logits[:, -1, :].float(), **choose)
         if pad is not None and eos:
             token = torch.where(finished, torch.as_tensor(pad, dtype=token.dtype), token)
@@ -314,7 +325,9 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         for key, value in _GENERATED_TOKEN_TYPES.items():
             if key in state:
                 state[key] = torch.full_like(new_tokens, value, dtype=state[key].dtype)
-        program, name = programs["decode"], "decode"
+        if name != "decode":
+            program, name = programs["decode"], "decode"
+            run = _runner(program)
     return torch.cat([tokens, torch.stack(generated, dim=1)], dim=-1)
 
 

@@ -93,12 +93,7 @@ def save(
     if meta:
         components = attrs.evolve(components, meta=attrs.evolve(components.meta, extra={**components.meta.extra, **meta}))
     with staged_directory(target, overwrite=overwrite, stage="save") as staging:
-        manifest = _write_components(components, staging, single=not isinstance(program, Components))
-        processor = processor if processor is not None else components.processor
-        if processor is not None:
-            processor.save_pretrained(staging / PROCESSOR)
-            manifest["processor"] = PROCESSOR
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        write_saved(staging, components, single=not isinstance(program, Components), processor=processor)
     return target
 
 
@@ -109,6 +104,16 @@ def _check_order(directory: Any, program: Any) -> None:
         raise argument_error(call, "program (the last argument)", "a program or Components", program)
     if not isinstance(directory, (str, os.PathLike)):
         raise argument_error(call, "directory", "a path (str or os.PathLike)", directory)
+
+
+def write_saved(staging: Path, components: Components, *, single: bool = False, processor: Any = None) -> None:
+    """Write ``components`` into the empty folder ``staging`` as ``save`` does: runtime files, ``hfx.json``, processor."""
+    manifest = _write_components(components, staging, single=single)
+    processor = processor if processor is not None else components.processor
+    if processor is not None:
+        processor.save_pretrained(staging / PROCESSOR)
+        manifest["processor"] = PROCESSOR
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
 def _write_components(components: Components, staging: Path, *, single: bool) -> dict[str, Any]:

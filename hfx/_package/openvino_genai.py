@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
+import attrs
+
 from hfx._records import Capture, Components, Exported
+from hfx.backends._openvino import STATEFUL_COMPILE_OPTIONS
 
 CONSUMER = "openvino-genai"
-EXACT_PROPERTIES = MappingProxyType({"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"})
+# The properties that give eager's numbers, as hfx's own stateful OvProgram compiles.
+EXACT_PROPERTIES = STATEFUL_COMPILE_OPTIONS
 # What LLMPipeline feeds a model, besides the cache it keeps as state (openvino.genai src/cpp/src/utils.cpp).
 _FED_INPUTS = frozenset({"input_ids", "attention_mask", "position_ids"})
 
@@ -56,7 +59,8 @@ def decode_program(programs: Components) -> Any:
         msg = (f"package for {CONSUMER}: the decode component is a {type(decode).__name__}; give Components of "
                "Capture, Exported or OvProgram records")
         raise TypeError(msg)
-    others = sorted({spec.name for spec in decode.io.inputs if not spec.name.startswith("past_key_values.")} - _FED_INPUTS)
+    others = sorted({spec.name for spec in decode.io.inputs if not spec.name.startswith("past_key_values.")}
+                    - _FED_INPUTS - {"beam_idx"})
     if others:
         raise _refuse(f"the decode graph takes {others}, which LLMPipeline does not feed (it feeds {sorted(_FED_INPUTS)})",
                       "Capture the model with only input_ids and attention_mask.")
@@ -64,14 +68,21 @@ def decode_program(programs: Components) -> Any:
 
 
 def write_openvino_genai(programs: Components, staging: Path, *, tokenizer: Any) -> None:
-    """Write the OpenVINO GenAI files of ``programs`` (a decomposed text decoder) into ``staging``."""
+    """Write the OpenVINO GenAI files of ``programs`` (a decomposed text decoder) into ``staging``.
+
+    The stateful decode is also hfx's own saved component (``hfx.json`` names
+    ``openvino_model.xml`` as component ``decode``), so ``hfx.load`` and
+    ``hfx.generate`` read the same package.
+    """
     import openvino as ov
     import openvino_tokenizers
 
-    from hfx.backends._openvino_stateful import stateful_model
+    from hfx._save import write_saved
+    from hfx.backends._openvino import as_stateful
 
-    decode = decode_program(programs)
-    ov.save_model(stateful_model(decode.model), staging / "openvino_model.xml", compress_to_fp16=False)
+    decode = as_stateful(decode_program(programs), stage=f"package for {CONSUMER}")
+    saved = Components(items={"decode": attrs.evolve(decode, name="model")}, meta=programs.meta)  # openvino_model.xml
+    write_saved(staging, saved, processor=tokenizer)
     encoder, decoder = openvino_tokenizers.convert_tokenizer(tokenizer, with_detokenizer=True)
     ov.save_model(encoder, staging / "openvino_tokenizer.xml")
     ov.save_model(decoder, staging / "openvino_detokenizer.xml")

@@ -30,11 +30,15 @@ from hfx._export.updates import for_runtime
 from hfx._pytree import spec_caches
 from hfx.backends._common import as_exported, fix_names, fixes_option, require
 from hfx.backends._openvino_fixes import OV_GRAPH_FIXES, OvGraphFix
+from hfx.backends._openvino_stateful import stateful_io, stateful_model
 
 RUNTIME = "openvino"
 
 # The CPU plugin picks bf16 inference on processors with AVX512-BF16 or AMX; hfx programs must match eager.
 COMPILE_OPTIONS: Mapping[str, str] = MappingProxyType({"INFERENCE_PRECISION_HINT": "f32"})
+# A stateful model's KV cache is u8 by default on the CPU plugin (the first decode step's logits 1.5e-3 off
+# eager on the zoo's Llama); f32 keeps it exact.
+STATEFUL_COMPILE_OPTIONS: Mapping[str, str] = MappingProxyType({**COMPILE_OPTIONS, "KV_CACHE_PRECISION": "f32"})
 
 
 @functools.cache
@@ -55,6 +59,12 @@ class OvProgram:
     request and returns the model's output structure with torch tensors. Each
     call uses its own request, so a program can be called from several threads.
     To compile for another device, ``attrs.evolve(program, device="GPU")``.
+
+    ``state`` names the cache inputs a stateful model keeps inside OpenVINO
+    (``lower_to_ov(stateful=True)``): it takes no cache and returns none, and a
+    ``beam_idx`` input reorders the cache rows. A call starts from an empty cache;
+    ``session()`` gives a callable whose calls share one request, so the cache
+    grows from call to call (what ``hfx.generate`` uses).
     """
 
     model: Any = attrs.field(repr=False)  # openvino.Model
@@ -63,6 +73,7 @@ class OvProgram:
     device: str = "CPU"
     source_class: str = ""
     graph_fixes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    state: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     _compiled: Any = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda self: _compile(self), takes_self=True)
     )
@@ -76,8 +87,13 @@ class OvProgram:
         """Run the compiled model on ``kwargs`` (checked against ``io``)."""
         return call(self.io, self._run, kwargs, program=f"OvProgram({self.name})")
 
-    def _run(self, flat: list[Any]) -> list[Any]:
+    def session(self) -> Any:
+        """A callable like the program whose calls share one inference request (and a stateful model's cache)."""
         request = self._compiled.create_infer_request()
+        return functools.partial(_call_on, self, request)
+
+    def _run(self, flat: list[Any], request: Any = None) -> list[Any]:
+        request = self._compiled.create_infer_request() if request is None else request
         try:
             request.infer([_to_ov(flat[index]) for index in self._fed], share_inputs=True, share_outputs=True)
         except Exception as exc:  # OpenVINO's errors derive from Exception, not RuntimeError
@@ -89,6 +105,12 @@ class OvProgram:
         return [_to_torch(request.get_output_tensor(index)) for index in range(len(self._compiled.outputs))]
 
 
+def _call_on(program: OvProgram, request: Any, **kwargs: Any) -> Any:
+    """Run ``program`` on ``kwargs`` with ``request`` (a session's)."""
+    return call(program.io, functools.partial(program._run, request=request), kwargs,  # noqa: SLF001
+                program=f"OvProgram({program.name}) session")
+
+
 def _fed_inputs(model: Any, io: IoSpec) -> tuple[int, ...]:
     """The positions in ``io.inputs`` of ``model``'s inputs, by the names ``_name_ports`` gave them."""
     position = {name: index for index, name in enumerate(io.input_names)}
@@ -98,7 +120,8 @@ def _fed_inputs(model: Any, io: IoSpec) -> tuple[int, ...]:
 def _compile(program: OvProgram) -> Any:
     """``program.model`` compiled for ``program.device`` with ``COMPILE_OPTIONS``."""
     try:
-        return _core().compile_model(program.model, program.device, dict(COMPILE_OPTIONS))
+        options = STATEFUL_COMPILE_OPTIONS if program.state else COMPILE_OPTIONS
+        return _core().compile_model(program.model, program.device, dict(options))
     except Exception as exc:  # OpenVINO's errors derive from Exception, not RuntimeError
         what = f"OpenVINO could not compile the model for device {program.device!r}: {_gist(exc)}."
         todo = f"Available devices: {_core().available_devices}."
@@ -114,6 +137,7 @@ def lower_to_ov(
     *,
     device: str = "CPU",
     graph_fixes: tuple[OvGraphFix, ...] = OV_GRAPH_FIXES,
+    stateful: bool = False,
 ) -> OvProgram:
     """Convert an exported program to an OpenVINO model and compile it for ``device``.
 
@@ -135,6 +159,10 @@ def lower_to_ov(
         graph_fixes: functions ``fix(graph) -> None`` that rewrite the decomposed
             ``torch.fx.Graph`` in place, applied in order: ``OV_GRAPH_FIXES`` extended
             (``(*hfx.backends.OV_GRAPH_FIXES, my_fix)``) or filtered, or your own.
+        stateful: keep the KV cache inside OpenVINO (``OvProgram.state``): the model
+            takes no ``past_key_values`` and returns none, a ``beam_idx`` input reorders
+            the cache, and one graph serves the prompt and every step. For a decode graph
+            of ``decompose(multi_token_decode=True)``; the form OpenVINO GenAI runs.
 
     Returns:
         An ``OvProgram``, callable like the model.
@@ -144,6 +172,7 @@ def lower_to_ov(
         TypeError: ``exported`` is neither an ``Exported`` nor a ``Capture``, ``device`` is not a
             string, or ``graph_fixes`` is not a tuple of callables.
         LoweringError: OpenVINO could not convert or compile the program.
+        ValueError: ``stateful`` for a graph that takes no dynamic ``past_key_values`` cache.
 
     Example:
         >>> import torch, hfx
@@ -168,10 +197,29 @@ def lower_to_ov(
             model = _convert(exported, graph_fixes)
         except Exception as exc:
             raise _conversion_error(exported, exc, caught) from exc
-        return OvProgram(
-            model=model, io=exported.io, name=exported.name, device=device, source_class=exported.source_class,
-            graph_fixes=fix_names(graph_fixes),
-        )
+    program = OvProgram(
+        model=model, io=exported.io, name=exported.name, device=device, source_class=exported.source_class,
+        graph_fixes=fix_names(graph_fixes),
+    )
+    return as_stateful(program, stage="lower_to_ov(stateful=True)") if stateful else program
+
+
+def as_stateful(program: OvProgram, /, *, stage: str) -> OvProgram:
+    """``program`` with its KV cache kept inside OpenVINO (see ``lower_to_ov(stateful=True)``); a stateful one as is.
+
+    Raises:
+        ValueError: the program takes no dynamic ``past_key_values`` cache (named with ``stage``).
+    """
+    if program.state:
+        return program
+    try:
+        io, model = stateful_io(program.io), stateful_model(program.model)
+    except ValueError as exc:
+        msg = (f"{stage} on component {program.name!r} of {program.source_class or 'the model'}: {exc}. "
+               "Decompose with multi_token_decode=True and lower its decode component.")
+        raise ValueError(msg) from exc
+    state = tuple(name for name in program.io.input_names if name not in io.input_names)
+    return attrs.evolve(program, model=model, io=io, state=state)
 
 
 def _conversion_error(exported: Exported, exc: BaseException, caught: list[warnings.WarningMessage]) -> LoweringError:
@@ -331,7 +379,7 @@ def save_files(program: OvProgram, directory: Path) -> dict[str, Any]:
     openvino.save_model(program.model, directory / xml, compress_to_fp16=False)
     files = [xml, xml.removesuffix(".xml") + ".bin"]
     return {"files": files, "device": program.device, "source_class": program.source_class,
-            "graph_fixes": list(program.graph_fixes)}
+            "graph_fixes": list(program.graph_fixes), "state": list(program.state)}
 
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> OvProgram:
@@ -340,6 +388,6 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
     model = _core().read_model(directory / entry["files"][0])
     return OvProgram(
         model=model, io=io, name=name, device=entry.get("device", "CPU"), source_class=entry.get("source_class", ""),
-        graph_fixes=entry.get("graph_fixes", ()),
+        graph_fixes=entry.get("graph_fixes", ()), state=entry.get("state", ()),
     )
 

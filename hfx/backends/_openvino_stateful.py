@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 CACHE_INPUT = "past_key_values"
 CACHE_OUTPUT = "present"
 BEAM_INPUT = "beam_idx"
@@ -71,3 +73,39 @@ def stateful_model(model: Any, /) -> Any:
             op.set_arguments([ops.broadcast(ops.constant(0.0, op.get_output_element_type(0)), ops.concat(sizes, 0))])
     model.validate_nodes_and_infer_types()
     return model
+
+
+def stateful_io(io: Any, /) -> Any:
+    """The calling contract of ``stateful_model``'s model: no cache in or out, a ``beam_idx`` of ``batch`` int32 last.
+
+    Raises:
+        ValueError: ``io`` takes no ``past_key_values`` cache, or writes a static cache in place.
+    """
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from hfx._contract import load_spec
+    from hfx._pytree import spec_caches
+    from hfx._records import TensorSpec
+
+    cached = [spec.name for spec in io.inputs if spec.name.startswith(f"{CACHE_INPUT}.")]
+    if not cached or io.updates:
+        what = "takes no past_key_values cache" if not cached else f"writes {list(io.updates)} in place (a static cache)"
+        msg = f"the graph {what}: only one that takes a dynamic cache and returns it can keep it as state"
+        raise ValueError(msg)
+    with spec_caches(io):
+        leaves = [torch.zeros([1] * len(spec.shape)) for spec in io.inputs]
+        _, kwargs = pytree.tree_unflatten(leaves, load_spec(io.in_spec))
+        kwargs = {key: value for key, value in kwargs.items() if key != CACHE_INPUT}
+        kwargs[BEAM_INPUT] = torch.zeros(1, dtype=torch.int32)
+        in_spec = pytree.treespec_dumps(pytree.tree_structure(((), kwargs)))
+        returned = load_spec(io.out_spec)
+        outputs = pytree.tree_unflatten([torch.zeros(1)] * returned.num_leaves, returned)
+        kept = type(outputs)(**{key: value for key, value in outputs.items() if key != CACHE_INPUT})
+        out_spec = pytree.treespec_dumps(pytree.tree_structure(kept))
+    inputs = [spec for spec in io.inputs if spec.name not in cached]
+    ids = next(spec for spec in io.inputs if spec.name == "input_ids")
+    beam = TensorSpec(name=BEAM_INPUT, dtype="int32", shape=ids.shape[:1])  # one row index per batch row
+    present = {CACHE_OUTPUT + name.removeprefix(CACHE_INPUT) for name in cached}
+    outputs_kept = [spec for spec in io.outputs if spec.name not in present]
+    return attrs.evolve(io, inputs=(*inputs, beam), outputs=outputs_kept, in_spec=in_spec, out_spec=out_spec)

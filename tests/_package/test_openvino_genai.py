@@ -70,7 +70,8 @@ def test_llm_pipeline_text_is_the_eager_text(llama, package_dir):
 def test_the_package_holds_one_stateful_model_and_the_tokenizer_models(package_dir):
     names = {path.name for path in package_dir.iterdir()}
     assert {"openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml",
-            "config.json", "generation_config.json", "tokenizer.json"} <= names
+            "config.json", "generation_config.json", "tokenizer.json", "hfx.json"} <= names
+    assert not any(name.endswith(".bin") and name != "openvino_model.bin" and "tokenizer" not in name for name in names)
     model = ov.Core().read_model(package_dir / "openvino_model.xml")
     inputs = {port.get_any_name() for port in model.inputs}
     assert inputs == {"input_ids", "attention_mask", "position_ids", "beam_idx"}
@@ -134,3 +135,11 @@ def test_a_failed_package_leaves_no_directory(parts, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="disk full"):
         hfx.package(tmp_path / "e", parts, consumer="openvino-genai", tokenizer=zoo.tokenizer())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_hfx_loads_the_package_and_generates_the_eager_tokens(llama, package_dir):
+    loaded = hfx.load(package_dir)
+    assert list(loaded) == ["decode"] and loaded["decode"].state
+    prompt = zoo.tokenizer()(["hello world", "the lazy dog jumps over"], return_tensors="pt", padding=True)
+    want = llama.generate(**prompt, max_new_tokens=6, do_sample=False)
+    assert torch.equal(hfx.generate(dict(prompt), loaded, max_new_tokens=6), want)

@@ -1,0 +1,90 @@
+"""``lower_to_ov(stateful=True)``: the KV cache stays inside OpenVINO, one graph serves the prompt and every step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toolz import pipe
+
+import hfx
+from hfx import zoo
+
+pytest.importorskip("openvino")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return zoo.build("llama")
+
+
+@pytest.fixture(scope="module")
+def parts(llama):
+    return pipe(llama, hfx.capture(zoo.inputs("llama")), hfx.decompose(multi_token_decode=True))
+
+
+@pytest.fixture(scope="module")
+def stateful(parts):
+    return hfx.lower_to_ov(parts["decode"], stateful=True)
+
+
+def _prompt(batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    prompt = zoo.inputs("llama", batch=batch, sequence=sequence)
+    prompt["attention_mask"][0, :2] = 0  # a left-padded row
+    return prompt
+
+
+def test_the_program_takes_no_cache_and_names_the_state(stateful):
+    assert stateful.state == tuple(f"past_key_values.layers.{i}.{kind}" for i in range(2) for kind in ("keys", "values"))
+    assert stateful.io.input_names == ("input_ids", "position_ids", "attention_mask", "beam_idx")
+    assert stateful.io.output_names == ("logits",)
+    assert len(stateful.model.get_sinks()) == 4
+
+
+def test_generate_gives_the_eager_tokens_at_a_new_batch_and_length(llama, parts, stateful):
+    prompt = _prompt(3, 5)
+    programs = hfx.Components(items={"decode": stateful}, meta=parts.meta)
+    want = llama.generate(**prompt, max_new_tokens=6, do_sample=False)
+    assert torch.equal(hfx.generate(prompt, programs, max_new_tokens=6), want)
+
+
+def test_a_call_starts_from_an_empty_cache_and_a_session_keeps_it(parts, stateful):
+    stateless = hfx.lower_to_ov(parts["decode"])
+    prompt = _prompt(2, 6)
+    positions = (prompt["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    feed = {**prompt, "position_ids": positions}
+    rows = torch.arange(2, dtype=torch.int32)
+    empty = hfx._generate._initial_cache(stateless, 2, "past_key_values")  # noqa: SLF001
+    want = stateless(**feed, past_key_values=empty)
+    for _ in range(2):  # twice: each plain call starts again
+        torch.testing.assert_close(stateful(**feed, beam_idx=rows).logits, want.logits, atol=1e-5, rtol=1e-5)
+    session = stateful.session()
+    session(**feed, beam_idx=rows)
+    token = want.logits[:, -1].argmax(-1, keepdim=True)
+    step = {"input_ids": token, "attention_mask": torch.cat([prompt["attention_mask"], torch.ones(2, 1, dtype=torch.long)], -1),
+            "position_ids": positions[:, -1:] + 1}
+    expected = stateless(**step, past_key_values=want.past_key_values).logits
+    torch.testing.assert_close(session(**step, beam_idx=rows).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_saved_stateful_program_loads_and_generates_the_same_tokens(parts, stateful, tmp_path):
+    programs = hfx.Components(items={"decode": stateful}, meta=parts.meta)
+    loaded = hfx.load(hfx.save(tmp_path / "stateful", programs))
+    assert loaded["decode"].state == stateful.state
+    prompt = _prompt(2, 4)
+    assert torch.equal(hfx.generate(prompt, loaded, max_new_tokens=5), hfx.generate(prompt, programs, max_new_tokens=5))
+
+
+def test_stateful_needs_a_graph_that_takes_its_cache():
+    bert = pipe(zoo.build("bert"), hfx.capture(zoo.inputs("bert")), hfx.export)
+    with pytest.raises(ValueError, match=r"lower_to_ov\(stateful=True\) on component 'model'.*multi_token_decode=True"):
+        hfx.lower_to_ov(bert, stateful=True)
+
+
+def test_generate_refuses_a_prefill_before_a_stateful_decode(llama):
+    split = pipe(llama, hfx.capture(zoo.inputs("llama")), hfx.decompose)
+    with pytest.raises(ValueError, match="no past_key_values cache|takes no"):
+        hfx.lower_to_ov(split["prefill"], stateful=True)
+    programs = hfx.Components(items={"prefill": hfx.lower_to_ov(split["prefill"]),
+                                     "decode": hfx.lower_to_ov(split["decode"], stateful=True)}, meta=split.meta)
+    with pytest.raises(ValueError, match="multi_token_decode=True"):
+        hfx.generate(_prompt(2, 5), programs, max_new_tokens=2)
