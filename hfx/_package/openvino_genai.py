@@ -19,10 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from hfx._records import Capture, Components, Exported
-from hfx.backends._openvino import STATEFUL_COMPILE_OPTIONS
+from hfx.backends._openvino import STATEFUL_COMPILE_OPTIONS, OvProgram, as_stateful, lower_to_ov
 
 CONSUMER = "openvino-genai"
 # The properties that give eager's numbers, as hfx's own stateful OvProgram compiles.
@@ -52,10 +50,8 @@ def decode_program(programs: Components) -> Any:
                       "Decompose with hfx.decompose(multi_token_decode=True).")
     decode = programs["decode"]
     if isinstance(decode, Capture | Exported):
-        from hfx.backends._openvino import lower_to_ov
-
         decode = lower_to_ov(decode)
-    if type(decode).__name__ != "OvProgram":
+    if not isinstance(decode, OvProgram):
         msg = (f"package for {CONSUMER}: the decode component is a {type(decode).__name__}; give Components of "
                "Capture, Exported or OvProgram records")
         raise TypeError(msg)
@@ -78,10 +74,10 @@ def write_openvino_genai(programs: Components, staging: Path, *, tokenizer: Any)
     import openvino_tokenizers
 
     from hfx._save import write_saved
-    from hfx.backends._openvino import as_stateful
 
-    decode = as_stateful(decode_program(programs), stage=f"package for {CONSUMER}")
-    saved = Components(items={"decode": attrs.evolve(decode, name="model")}, meta=programs.meta)  # openvino_model.xml
+    # Named "model": saved as openvino_model.xml, the file LLMPipeline reads.
+    decode = as_stateful(decode_program(programs), stage=f"package for {CONSUMER}", name="model")
+    saved = Components(items={"decode": decode}, meta=programs.meta)
     write_saved(staging, saved, processor=tokenizer)
     encoder, decoder = openvino_tokenizers.convert_tokenizer(tokenizer, with_detokenizer=True)
     ov.save_model(encoder, staging / "openvino_tokenizer.xml")

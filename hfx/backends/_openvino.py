@@ -197,29 +197,40 @@ def lower_to_ov(
             model = _convert(exported, graph_fixes)
         except Exception as exc:
             raise _conversion_error(exported, exc, caught) from exc
-    program = OvProgram(
-        model=model, io=exported.io, name=exported.name, device=device, source_class=exported.source_class,
-        graph_fixes=fix_names(graph_fixes),
+    io, state = exported.io, ()
+    if stateful:  # made stateful before the program is built, so the model is compiled once
+        model, io, state = _stateful(model, io, where=f"lower_to_ov(stateful=True) on component {exported.name!r} "
+                                                      f"of {exported.source_class or 'the model'}")
+    return OvProgram(
+        model=model, io=io, name=exported.name, device=device, source_class=exported.source_class,
+        graph_fixes=fix_names(graph_fixes), state=state,
     )
-    return as_stateful(program, stage="lower_to_ov(stateful=True)") if stateful else program
 
 
-def as_stateful(program: OvProgram, /, *, stage: str) -> OvProgram:
-    """``program`` with its KV cache kept inside OpenVINO (see ``lower_to_ov(stateful=True)``); a stateful one as is.
+def as_stateful(program: OvProgram, /, *, stage: str, name: str | None = None) -> OvProgram:
+    """``program`` with its KV cache kept inside OpenVINO (see ``lower_to_ov(stateful=True)``), named ``name``.
+
+    A stateful program keeps its model; either way the result is compiled once.
 
     Raises:
         ValueError: the program takes no dynamic ``past_key_values`` cache (named with ``stage``).
     """
+    name = program.name if name is None else name
     if program.state:
-        return program
+        return program if name == program.name else attrs.evolve(program, name=name)
+    where = f"{stage} on component {program.name!r} of {program.source_class or 'the model'}"
+    model, io, state = _stateful(program.model, program.io, where=where)
+    return attrs.evolve(program, model=model, io=io, state=state, name=name)
+
+
+def _stateful(model: Any, io: IoSpec, *, where: str) -> tuple[Any, IoSpec, tuple[str, ...]]:
+    """The stateful form of ``model`` and ``io`` and the cache inputs it keeps as state; errors say ``where``."""
     try:
-        io, model = stateful_io(program.io), stateful_model(program.model)
+        kept_io, kept_model = stateful_io(io), stateful_model(model)
     except ValueError as exc:
-        msg = (f"{stage} on component {program.name!r} of {program.source_class or 'the model'}: {exc}. "
-               "Decompose with multi_token_decode=True and lower its decode component.")
+        msg = f"{where}: {exc}. Decompose with multi_token_decode=True and lower its decode component."
         raise ValueError(msg) from exc
-    state = tuple(name for name in program.io.input_names if name not in io.input_names)
-    return attrs.evolve(program, model=model, io=io, state=state)
+    return kept_model, kept_io, tuple(name for name in io.input_names if name not in kept_io.input_names)
 
 
 def _conversion_error(exported: Exported, exc: BaseException, caught: list[warnings.WarningMessage]) -> LoweringError:
