@@ -11,6 +11,7 @@ from typing import Any
 from toolz import curry
 
 from hfx._atomic import staged_directory
+from hfx._errors import argument_error
 from hfx._package.openvino_genai import write_openvino_genai
 from hfx._records import Components
 
@@ -55,7 +56,7 @@ def package(
     Raises:
         ValueError: an unknown consumer, no tokenizer, or a model or decomposition the
             consumer cannot take (the message names the consumer, the reason and what to do).
-        TypeError: ``programs`` is not ``Components``.
+        TypeError: ``programs`` is not ``Components`` or ``directory`` not a path (the arguments swapped).
         ImportError: a package writing the consumer's files needs is missing (names the pip extra).
         FileExistsError: ``directory`` exists and ``overwrite`` is false.
 
@@ -72,9 +73,11 @@ def package(
     if consumer not in CONSUMERS:
         msg = f"package: unknown consumer {consumer!r}; hfx packages for {sorted(CONSUMERS)}"
         raise ValueError(msg)
+    call = "package(directory, programs)"
     if not isinstance(programs, Components):
-        msg = f"package: takes the Components of hfx.decompose, got {type(programs).__name__}"
-        raise TypeError(msg)
+        raise argument_error(call, "programs (the last argument)", "the Components of hfx.decompose", programs)
+    if not isinstance(directory, (str, os.PathLike)):
+        raise argument_error(call, "directory", "a path (str or os.PathLike)", directory)
     tokenizer = tokenizer if tokenizer is not None else programs.processor
     if tokenizer is None:
         msg = (f"package for {consumer}: no tokenizer; pass tokenizer=AutoTokenizer.from_pretrained(...) "

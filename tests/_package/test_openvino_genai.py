@@ -121,6 +121,8 @@ def test_consumers_refuse_what_they_cannot_load(parts, tmp_path):
         hfx.package(tmp_path / "c", parts, consumer="openvino-genai")
     with pytest.raises(ValueError, match="unknown consumer 'tflite'"):
         hfx.package(tmp_path / "d", parts, consumer="tflite", tokenizer=zoo.tokenizer())
+    with pytest.raises(TypeError, match=r"programs \(the last argument\) must be the Components.*call package\(directory, programs\)"):
+        hfx.package(parts, tmp_path / "f", consumer="openvino-genai", tokenizer=zoo.tokenizer())
     assert not any(tmp_path.iterdir())  # a refused package writes nothing
 
 
