@@ -13,6 +13,8 @@ from hfx._cli.progress import step
 from hfx._cli.quiet import quiet
 from hfx._errors import HfxError
 
+CAPTURE_SHAPE = (2, 7)  # batch, sequence of the example inputs the graphs are captured with
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2

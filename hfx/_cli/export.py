@@ -13,6 +13,7 @@ from typing import IO, Any
 import attrs
 
 from hfx._cli.common import (
+    CAPTURE_SHAPE,
     EXIT_FAILED,
     EXIT_OK,
     RUNTIMES,
@@ -24,7 +25,6 @@ from hfx._cli.common import (
     table,
 )
 
-CAPTURE_SHAPE = (2, 7)  # batch, sequence of the example inputs the graphs are captured with
 CHECK_SHAPE = (3, 11)  # another batch and sequence, so that the checks exercise the dynamic shapes
 GENERATE_TOKENS = 8
 
@@ -62,12 +62,26 @@ class _Subject:
 
 def run_export(args: argparse.Namespace, stream: IO[str]) -> int:
     """Run ``hfx export``; return the exit code (1 when a check failed)."""
+    from hfx._cli.package import check_package_options, parse_consumers, run_packages
+
+    chosen = parse_consumers(args.for_) if args.for_ is not None else []
+    runtimes = [] if args.to is None and chosen else parse_runtimes(args.to or ",".join(RUNTIMES))
+    if runtimes:
+        check_options(args, runtimes)
+    if chosen:
+        check_package_options(args, chosen, with_runtimes=bool(runtimes))
+    loaded = quiet_step(stream, args, f"load {args.model or 'the built-in default model'}", lambda: _load(args))
+    if not runtimes:
+        return run_packages(args, loaded, stream)
+    code = _export_to_runtimes(args, runtimes, loaded, stream)
+    return max(code, run_packages(args, loaded, stream)) if chosen else code
+
+
+def _export_to_runtimes(args: argparse.Namespace, runtimes: list[str], loaded: Any, stream: IO[str]) -> int:
+    """Export ``loaded`` once, lower, verify and save it on each of ``runtimes``; the exit code."""
     import hfx
 
-    runtimes = parse_runtimes(args.to)
-    check_options(args, runtimes)
     atol = args.atol if args.atol is not None else DEFAULT_ATOL[args.dtype]
-    loaded = quiet_step(stream, args, f"load {args.model or 'the built-in default model'}", lambda: _load(args))
     decomposing = " and decompose generate()" if args.generation else ""
     subject = quiet_step(stream, args, f"capture the example inputs{decomposing}", lambda: _subject(loaded, args))
     exported, export_seconds = {}, {}

@@ -20,6 +20,7 @@ _EXAMPLES = """examples:
   hfx export --to onnx --out llama-export          # the built-in tiny Llama, verified and saved
   hfx export t5 --to onnx,ov --generation          # encoder, prefill and decode graphs, tokens checked
   hfx export ./my-model --task text-generation --generation --static-cache 64
+  hfx export ./my-llm --for openvino-genai --out llm-packages   # loads in openvino_genai.LLMPipeline as it is
   hfx inspect llama-export
   hfx run llama-export --runtime onnx --input-ids 1,2,3 --max-new-tokens 5
   hfx zoo
@@ -29,6 +30,7 @@ _EXAMPLES = """examples:
 def _parser() -> argparse.ArgumentParser:
     from hfx._cli.export import CAPTURE_SHAPE, CHECK_SHAPE, DEFAULT_ATOL, QUANTIZATIONS
     from hfx._cli.load_model import DTYPES, TASKS
+    from hfx._cli.package import consumers
 
     parser = argparse.ArgumentParser(
         prog="hfx", description="Export Hugging Face models to torch.export, ONNX, ExecuTorch and OpenVINO.",
@@ -44,8 +46,11 @@ def _parser() -> argparse.ArgumentParser:
                                  "save, and print a table. Exits 1 when a check fails.")
     export.add_argument("model", nargs="?", default=None,
                         help="a hfx.zoo name (see `hfx zoo`), a save_pretrained directory or a hub id (default: the tiny Llama)")
-    export.add_argument("--to", default=",".join(RUNTIMES), metavar="RUNTIMES",
-                        help=f"comma-separated runtimes among {','.join(RUNTIMES)} (default: all)")
+    export.add_argument("--to", metavar="RUNTIMES",
+                        help=f"comma-separated runtimes among {','.join(RUNTIMES)} (default: all, or none with --for)")
+    export.add_argument("--for", dest="for_", metavar="CONSUMERS",
+                        help=f"write packages the deployment pipelines load as they are, one subdirectory each, among "
+                        f"{','.join(consumers())} (comma-separated; a text decoder, float32)")
     export.add_argument("--out", default="hfx-export", metavar="DIR",
                         help="directory to save into, one subdirectory per runtime (default: ./hfx-export)")
     export.add_argument("--task", choices=sorted(TASKS), metavar="TASK",

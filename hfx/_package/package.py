@@ -68,11 +68,7 @@ def package(
         >>> sorted(p.name for p in path.glob("openvino_*.xml"))
         ['openvino_detokenizer.xml', 'openvino_model.xml', 'openvino_tokenizer.xml']
     """
-    from hfx.backends._common import require
-
-    if consumer not in CONSUMERS:
-        msg = f"package: unknown consumer {consumer!r}; hfx packages for {sorted(CONSUMERS)}"
-        raise ValueError(msg)
+    require_consumer(consumer)
     call = "package(directory, programs)"
     if not isinstance(programs, Components):
         raise argument_error(call, "programs (the last argument)", "the Components of hfx.decompose", programs)
@@ -83,8 +79,17 @@ def package(
         msg = (f"package for {consumer}: no tokenizer; pass tokenizer=AutoTokenizer.from_pretrained(...) "
                "(the pipeline tokenizes prompts itself)")
         raise ValueError(msg)
-    modules, extra = _NEEDS[consumer]
-    require(*modules, extra=extra)
     with staged_directory(Path(directory), overwrite=overwrite, stage=f"package for {consumer}") as staging:
         CONSUMERS[consumer](programs, staging, tokenizer=tokenizer)
     return Path(directory)
+
+
+def require_consumer(consumer: str) -> None:
+    """Raise ``ValueError`` for an unknown consumer, ``ImportError`` naming the pip extra when its writer's packages are missing."""
+    from hfx.backends._common import require
+
+    if consumer not in CONSUMERS:
+        msg = f"package: unknown consumer {consumer!r}; hfx packages for {sorted(CONSUMERS)}"
+        raise ValueError(msg)
+    modules, extra = _NEEDS[consumer]
+    require(*modules, extra=extra)

@@ -37,6 +37,9 @@ def test_a_bad_argument_exits_2_with_one_paragraph():
         (["export", "--to", "pt2", "--opset", "19"], "--opset 19 applies to ONNX only"),
         (["export", "--to", "onnx", "--opset", "12"], "--opset: opset must be an int in [18,"),
         (["run", "no-such-dir", "--input-ids", "1"], "no-such-dir does not exist"),
+        (["export", "--for", "tflite-runner"], "--for: unknown consumer(s) ['tflite-runner']; choose among"),
+        (["export", "--for", "openvino-genai", "--quantize", "int8"], "--quantize shape(s) the programs of --to"),
+        (["export", "--for", "openvino-genai", "--generation"], "--generation shape(s) the programs of --to"),
     ],
 )
 def test_options_that_cannot_apply_fail_before_any_work(args, says, capsys):

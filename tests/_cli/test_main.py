@@ -117,6 +117,21 @@ def test_run_samples_like_hfx_generate_with_the_same_seed(llama_export):
     assert result.stdout.strip() == ",".join(map(str, expected[0].tolist()))
 
 
+def test_export_for_a_consumer_writes_the_package_its_pipeline_loads(tmp_path):
+    genai = pytest.importorskip("openvino_genai")
+    from hfx._package.openvino_genai import EXACT_PROPERTIES
+
+    result = hfx_cli("export", "--for", "openvino-genai", "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert "openvino-genai  pass   equal" in result.stdout  # hfx.load + hfx.generate of the package gave eager's tokens
+    package = tmp_path / "out" / "openvino-genai"
+    assert not (tmp_path / "out" / "onnx").exists()  # --for alone lowers to no runtime of --to
+    pipeline = genai.LLMPipeline(str(package), "CPU", **EXACT_PROPERTIES)
+    config = genai.GenerationConfig()
+    config.max_new_tokens = config.min_new_tokens = 4
+    assert str(pipeline.generate("hello world", config))  # the consumer loads and runs it as it is
+
+
 def test_a_failed_check_exits_1_and_the_table_says_fail(tmp_path):
     pytest.importorskip("onnxruntime")
     result = hfx_cli("export", "bert", "--to", "onnx", "--atol", "0", "--rtol", "0", "--out", str(tmp_path))

@@ -53,6 +53,15 @@ def test_parse_runtimes_keeps_order_and_rejects_unknown_names():
         parse_runtimes(" , ")
 
 
+def test_parse_consumers_keeps_order_and_rejects_unknown_names():
+    from hfx._cli.package import consumers, parse_consumers
+
+    assert "openvino-genai" in consumers()
+    assert parse_consumers("openvino-genai, openvino-genai") == ["openvino-genai"]
+    with pytest.raises(UsageError, match=r"unknown consumer\(s\) \['tflite'\]"):
+        parse_consumers("openvino-genai,tflite")
+
+
 def test_quantizer_maps_each_scheme_to_the_runtime_stage():
     calls = []
     with pytest.MonkeyPatch.context() as patch:

@@ -1,0 +1,126 @@
+"""``hfx export --for CONSUMERS``: one decompose + export, written as the package each deployment pipeline loads."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from hfx._cli.common import CAPTURE_SHAPE, EXIT_FAILED, EXIT_OK, UsageError, quiet_step, table
+
+CHECK_PROMPT = (1, 11)  # batch, sequence of the prompt each package is checked with (the runners take batch 1)
+CHECK_TOKENS = 8
+
+
+def consumers() -> tuple[str, ...]:
+    """The consumer names ``--for`` takes, in the order hfx writes them."""
+    from hfx._package.package import CONSUMERS
+
+    return tuple(CONSUMERS)
+
+
+def parse_consumers(value: str) -> list[str]:
+    """The consumers of ``--for`` in order; ``UsageError`` for an unknown or empty list."""
+    chosen = list(dict.fromkeys(c.strip() for c in value.split(",") if c.strip()))
+    unknown = [c for c in chosen if c not in consumers()]
+    if unknown or not chosen:
+        msg = f"--for: unknown consumer(s) {unknown or value!r}; choose among {','.join(consumers())} (comma-separated)."
+        raise UsageError(msg)
+    return chosen
+
+
+def check_package_options(args: argparse.Namespace, chosen: list[str], *, with_runtimes: bool) -> None:
+    """Raise ``UsageError`` (or ``ImportError`` naming the pip extra) before any work when ``--for`` cannot apply.
+
+    Options that shape ``--to``'s programs apply to those only; without ``--to`` they are an error.
+    """
+    from hfx._package.package import require_consumer
+
+    options = {"--quantize": args.quantize, "--static-cache": args.static_cache, "--opset": args.opset,
+               "--generation": args.generation or None, "--multi-token-decode": args.multi_token_decode or None}
+    given = [option for option, value in options.items() if value is not None]
+    if given and not with_runtimes:
+        msg = (f"{', '.join(given)} shape(s) the programs of --to, not the packages of --for (one float32 graph for "
+               "prompt and steps): add --to RUNTIMES or drop them.")
+        raise UsageError(msg)
+    for consumer in chosen:
+        try:
+            require_consumer(consumer)
+        except ImportError as exc:
+            raise ImportError(f"--for {consumer}: {exc}") from exc
+
+
+def run_packages(args: argparse.Namespace, loaded: Any, stream: IO[str]) -> int:
+    """Write ``loaded`` as each package of ``--for`` under ``--out``; check each with ``hfx.load`` + ``hfx.generate``.
+
+    Returns the exit code: 1 when a package's tokens differ from eager's.
+    """
+    import hfx
+    from hfx._capture.decompose import can_generate
+    from hfx._cli.load_model import example_inputs
+
+    chosen = parse_consumers(args.for_)
+    if not can_generate(loaded.model):
+        msg = f"--for: {type(loaded.model).__name__} does not generate; the deployment pipelines run text decoders."
+        raise UsageError(msg)
+    tokenizer = _tokenizer(loaded)
+    (batch, sequence), (check_batch, check_sequence) = CAPTURE_SHAPE, CHECK_PROMPT
+    inputs = example_inputs(loaded, batch=batch, sequence=sequence, generation=True)
+    parts = quiet_step(stream, args, "capture and decompose generate() into one graph for prompt and steps",
+                       lambda: hfx.decompose(hfx.capture(inputs, loaded.model), multi_token_decode=True))
+    exported = quiet_step(stream, args, "torch.export decode", lambda: hfx.export(parts))
+    prompt = example_inputs(loaded, batch=check_batch, sequence=check_sequence, generation=True)
+    rows = []
+    for consumer in chosen:
+        started = time.perf_counter()
+        path = quiet_step(stream, args, f"{consumer}: write the package to {Path(args.out) / consumer}",
+                          lambda c=consumer: hfx.package(Path(args.out) / c, exported, consumer=c, tokenizer=tokenizer,
+                                                         overwrite=True))
+        seconds = time.perf_counter() - started
+        same, detail = quiet_step(stream, args, f"{consumer}: hfx.load + generate {CHECK_TOKENS} tokens, compare with eager",
+                                  lambda p=path: _tokens_check(p, loaded.model, prompt))
+        rows.append([consumer, "pass" if same else "FAIL", detail, f"{_size(path) / 1e6:.2f} MB", f"{seconds:.1f}"])
+    print(f"\n{type(loaded.model).__name__}: one decode graph for prompt and steps, written for {', '.join(chosen)}; "
+          f"each package loaded back with hfx.load and its greedy tokens compared with eager's "
+          f"(batch {check_batch}, prompt {check_sequence}, {CHECK_TOKENS} new tokens).\n")
+    print(table(["package", "check", "tokens", "size", "seconds"], rows))
+    print(f"\nwritten to {Path(args.out)}/{{{','.join(chosen)}}}; each loads in its pipeline as it is (docs: Deploy)")
+    failed = [row[0] for row in rows if row[1] != "pass"]
+    if failed:
+        print(f"\n{len(failed)} package(s) generate other tokens than eager: {', '.join(failed)}. Report the model to hfx.")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _tokenizer(loaded: Any) -> Any:
+    """The tokenizer saved with the model; the zoo's tiny BPE for a zoo text model; else a ``UsageError``."""
+    from hfx import zoo
+
+    if loaded.processor is not None:
+        return loaded.processor
+    vocab = getattr(loaded.model.config.get_text_config(), "vocab_size", 0) or 0
+    if loaded.zoo_name and vocab >= len(zoo.tokenizer()):
+        return zoo.tokenizer()
+    msg = (f"--for: {loaded.label} has no tokenizer, and the pipelines tokenize prompts themselves; "
+           "pass a save_pretrained directory that holds one.")
+    raise UsageError(msg)
+
+
+def _tokens_check(path: Path, model: Any, prompt: dict[str, Any]) -> tuple[bool, str]:
+    """Whether ``hfx.generate`` over the package at ``path`` gives eager's greedy tokens, and how many differ."""
+    import torch
+
+    import hfx
+
+    tokens = hfx.generate(prompt, hfx.load(path), max_new_tokens=CHECK_TOKENS)
+    with torch.no_grad():
+        expected = model.generate(**copy.deepcopy(prompt), max_new_tokens=CHECK_TOKENS, do_sample=False)
+    if tokens.shape != expected.shape:
+        return False, "shapes differ"
+    differ = int((tokens != expected).sum())
+    return differ == 0, "equal" if differ == 0 else f"{differ} ids differ"
+
+
+def _size(directory: Path) -> int:
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
