@@ -17,6 +17,7 @@ from torch.utils import _pytree as pytree
 
 from hfx._errors import InputError
 from hfx._pytree import classes_in_spec, registered_caches, spec_caches
+from hfx._upstream import with_installed_fields
 
 if TYPE_CHECKING:  # _records imports this module: the records' calls run through it
     from hfx._records import IoSpec, TensorSpec
@@ -24,9 +25,12 @@ if TYPE_CHECKING:  # _records imports this module: the records' calls run throug
 
 @functools.lru_cache(maxsize=256)
 def load_spec(serialised: str) -> pytree.TreeSpec:
-    """Deserialise a pytree spec (memoised: specs are immutable strings); cache classes it names are registered meanwhile."""
+    """Deserialise a pytree spec (memoised: specs are immutable strings); cache classes it names are registered meanwhile.
+
+    Output fields are named as the installed transformers names them (``hfx._upstream.with_installed_fields``).
+    """
     with registered_caches(classes_in_spec(serialised)):
-        return pytree.treespec_loads(serialised)
+        return with_installed_fields(pytree.treespec_loads(serialised))
 
 
 def input_keys(io: IoSpec) -> tuple[str, ...]:

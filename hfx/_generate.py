@@ -11,7 +11,6 @@ decoding gives exactly the eager tokens.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -24,6 +23,7 @@ from hfx._contract import input_keys, load_spec
 from hfx._errors import InputError, argument_error
 from hfx._pytree import spec_caches
 from hfx._records import Components, EncoderInputs
+from hfx._upstream import output_cache
 
 _UNSET: Any = object()
 
@@ -212,8 +212,8 @@ def _feature_rows(features: Any) -> torch.Tensor:
     return features.reshape(-1, features.shape[-1])
 
 
-def _split_prefill(programs: Components, state: dict[str, Any], features: Mapping[str, Any], cache_key: str) -> Any:
-    """The prompt's step through the parts of a multimodal prefill: embed, merge features, language model, head.
+def _split_prefill(programs: Components, state: dict[str, Any], features: Mapping[str, Any]) -> tuple[torch.Tensor, Any]:
+    """The prompt's logits and cache through the parts of a multimodal prefill: embed, merge features, language model, head.
 
     Each modality's features replace the embeddings of its placeholder tokens,
     in order, as the model's forward does (``masked_scatter``).
@@ -226,7 +226,7 @@ def _split_prefill(programs: Components, state: dict[str, Any], features: Mappin
     language_model = programs["language_model"]
     outputs = language_model(**_step_inputs(language_model, "language_model", {**state, "inputs_embeds": embeds}))
     logits = _call_on(programs["lm_head"], outputs.last_hidden_state[:, -1:])
-    return SimpleNamespace(logits=logits, **{cache_key: getattr(outputs, cache_key)})
+    return logits, output_cache(outputs)
 
 
 def _call_on(program: Any, tensor: torch.Tensor) -> Any:
@@ -308,10 +308,11 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
             "cache_position": torch.arange(past, mask.shape[-1]),
         })
         if name == "language_model":
-            outputs = _split_prefill(programs, state, features, cache_key)
+            logits, returned = _split_prefill(programs, state, features)
         else:
             outputs = run(**_step_inputs(program, name, state))
-        token = _select(outputs.logits[:, -1, :].float(), **choose)
+            logits, returned = outputs.logits, output_cache(outputs)
+        token = _select(logits[:, -1, :].float(), **choose)
         if pad is not None and eos:
             token = torch.where(finished, torch.as_tensor(pad, dtype=token.dtype), token)
         generated.append(token)
@@ -319,7 +320,7 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         if bool(finished.all()):
             break
         # A static cache is updated in place and not returned: keep the one passed in.
-        state[cache_key] = getattr(outputs, cache_key, None) or state[cache_key]
+        state[cache_key] = returned or state[cache_key]
         new_tokens = token[:, None]
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=-1)
         for key, value in _GENERATED_TOKEN_TYPES.items():

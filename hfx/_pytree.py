@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from hfx._upstream import graph_name
+
 
 def _subclasses(root: type) -> list[type]:
     found = []
@@ -244,8 +246,8 @@ def _classes_in_spec(serialised: str) -> tuple[type, ...]:
 
 
 def leaf_name(path: tuple[Any, ...]) -> str:
-    """A dotted name for a pytree key path: ``past_key_values.layers.0.keys``."""
-    parts = []
+    """A dotted name for a pytree key path: ``past_key_values.layers.0.keys`` (also for transformers 5.24's ``cache``)."""
+    parts: list[str] = []
     for key in path:
         for attr in ("key", "idx", "name"):
             if hasattr(key, attr):
@@ -253,7 +255,7 @@ def leaf_name(path: tuple[Any, ...]) -> str:
                 break
         else:
             parts.append(str(key))
-    return ".".join(parts)
+    return ".".join([graph_name(parts[0]), *parts[1:]] if parts else parts)
 
 
 def named_leaves(kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -289,5 +291,5 @@ def owned_tensors(kwargs: Mapping[str, Any]) -> list[tuple[str, torch.Tensor, tu
                 walk(item, f"{name}.{key}", (*owners, type(value)))
 
     for key, value in kwargs.items():
-        walk(value, key, ())
+        walk(value, graph_name(key), ())
     return found

@@ -396,7 +396,7 @@ class Components(Mapping[str, Any]):
 
 
 def _unchecked_module(program: Any) -> Any:
-    """``program.module()`` without torch's per-call input-constraint hook.
+    """``program.module()`` without torch's per-call input-constraint hook, its outputs built with the installed classes.
 
     hfx's call checks the same names, dtypes, dims and bounds before the graph
     runs; torch's hook re-derives them with sympy on every call, which took
@@ -405,7 +405,10 @@ def _unchecked_module(program: Any) -> Any:
     """
     from torch.export._unlift import _check_input_constraints_pre_hook
 
+    from hfx._upstream import with_installed_fields
+
     module = program.module(check_guards=False)
+    module._out_spec = with_installed_fields(module._out_spec)  # noqa: SLF001 - a program saved by another transformers
     for key, hook in list(module._forward_pre_hooks.items()):  # noqa: SLF001
         if hook is _check_input_constraints_pre_hook:
             del module._forward_pre_hooks[key]  # noqa: SLF001

@@ -320,7 +320,7 @@ def test_owned_tensors_walks_caches_by_attribute_and_names_their_owners(caches):
     found = {name: (tensor, owners) for name, tensor, owners in owned_tensors({
         "input_ids": torch.zeros(1), "cache": ssm, "linear": torch.nn.Linear(2, 2)})}
     assert found["input_ids"][1] == ()
-    tensor, owners = found["cache.layers.0.conv_states.0"]
+    tensor, owners = found["past_key_values.layers.0.conv_states.0"]  # transformers 5.24's `cache`, as graphs name it
     assert tensor is ssm.layers[0].conv_states[0]
     assert owners == (cache_utils.DynamicCache, cache_utils.LinearAttentionLayer)
     assert not any(name.startswith("linear") for name in found)  # modules are not walked

@@ -15,6 +15,7 @@ from torch.utils import _pytree as pytree
 from hfx._lift import per_component
 from hfx._pytree import is_cache
 from hfx._records import Capture
+from hfx._upstream import cache_argument
 
 
 def has_tensor(value: Any) -> bool:
@@ -29,7 +30,7 @@ def is_graph_input(value: Any) -> bool:
 
 def _default_constants(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Constants a forward export implies: no KV cache unless the caller passes one."""
-    if "use_cache" in inspect.signature(model.forward).parameters and "use_cache" not in kwargs and "past_key_values" not in kwargs:
+    if "use_cache" in inspect.signature(model.forward).parameters and "use_cache" not in kwargs and cache_argument(kwargs) is None:
         return {"use_cache": False}
     return {}
 
