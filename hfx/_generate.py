@@ -148,6 +148,8 @@ def generate(
     state: dict[str, Any] = dict(inputs)
     # Registered once for the whole loop: each step's call then finds the cache classes already there.
     with spec_caches(*(program.io for program in programs.values())):
+        if meta.roles.internal_cache_length is not None:
+            return _generate_internal_cache(programs, state, max_new_tokens, eos, choose)
         features = _run_feature_encoders(programs, state)
         if meta.generation.is_encoder_decoder:
             return _generate_encoder_decoder(programs, state, max_new_tokens, eos, pad, choose)
@@ -354,3 +356,35 @@ def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_n
     state["decoder_attention_mask"] = torch.ones_like(tokens)
     ids = _loop(programs, state, tokens, "decoder_input_ids", "decoder_attention_mask", max_new_tokens, eos, pad, choose)
     return ids if programs.meta.generation.returns_start_token else ids[:, 1:]
+
+
+def _generate_internal_cache(programs: Components, state: dict[str, Any], max_new_tokens: int, eos: set[int],
+                             choose: dict[str, Any]) -> torch.Tensor:
+    """The runner's loop over a decode graph that keeps its cache: the prompt at position 0, then one token a step.
+
+    The graph's cache is one sequence (batch 1) without padding: its causal
+    attention reads every position before the query's.
+    """
+    length = programs.meta.roles.internal_cache_length
+    tokens = state.get("input_ids")
+    mask = state.get("attention_mask")
+    if tokens is None or tokens.ndim != 2 or tokens.shape[0] != 1 or (mask is not None and not bool(mask.all())):
+        msg = ("generate: the decode component keeps its KV cache inside (decompose(internal_cache_length=...)), "
+               "for one unpadded sequence; give input_ids of shape [1, n] and no padding")
+        raise InputError(msg)
+    if tokens.shape[1] + max_new_tokens - 1 > length:
+        msg = (f"generate: a prompt of {tokens.shape[1]} tokens and {max_new_tokens} new ones do not fit the "
+               f"decode component's cache of {length} positions; decompose with a larger internal_cache_length")
+        raise InputError(msg)
+    decode = programs["decode"]
+    step, position, generated = tokens, 0, []
+    for _ in range(max_new_tokens):
+        outputs = decode(tokens=step, input_pos=torch.tensor([position]))
+        logits = outputs if isinstance(outputs, torch.Tensor) else outputs.logits
+        token = _select(logits[:, -1, :].float(), **choose)
+        generated.append(token)
+        if int(token) in eos:
+            break
+        position += step.shape[1]
+        step = token[:, None]
+    return torch.cat([tokens, torch.stack(generated, dim=1)], dim=-1)

@@ -242,13 +242,16 @@ class ComponentRoles(_FieldsJson):
     component that projects its features; ``cache_input`` names the cache
     argument of the decode graph (``past_key_values``; ``cache_params`` for
     Mamba); ``placeholder_tokens`` maps a modality to the token id its features
-    replace in the prompt.
+    replace in the prompt; ``internal_cache_length`` is the positions of the KV
+    cache a decode graph keeps in its own buffers (``decompose(internal_cache_length=...)``,
+    ``forward(tokens, input_pos)``), ``None`` when the cache is an input.
     """
 
     feature_encoders: Mapping[str, str] = _mapping(str)
     projectors: Mapping[str, str] = _mapping(str)
     cache_input: str | None = attrs.field(default=None, validator=_optional(str))
     placeholder_tokens: Mapping[str, int] = _mapping(int)
+    internal_cache_length: int | None = attrs.field(default=None, validator=_optional(int))
 
 
 @attrs.frozen(kw_only=True)

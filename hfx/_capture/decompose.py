@@ -154,6 +154,8 @@ def decompose(
     *,
     multi_token_decode: bool = False,
     generation_config: Any = None,
+    internal_cache_length: int | None = None,
+    custom_ops: bool = True,
 ) -> Components:
     """Split a captured model into the components ``generate()`` runs, with each call's exact inputs.
 
@@ -173,17 +175,33 @@ def decompose(
     ``model``. With ``multi_token_decode`` there is no ``prefill``: the decode
     graph takes 1..N new tokens over a past of 0..N, so it prefills too.
 
+    With ``internal_cache_length`` a text decoder gives one component,
+    ``decode``, in the contract of ExecuTorch's LLM runner: ``forward(tokens
+    [1, n], input_pos [1]) -> logits [1, 1, vocab]``, the KV cache kept in the
+    program's own buffers of that many positions and written in place, ``n``
+    from 1 to the cache length (the prompt and each step); ``hfx.package(...,
+    consumer="executorch-runner")`` writes it for the runner.
+
     Args:
         capture: a ``Capture`` of generate inputs.
         multi_token_decode: make one decode graph take 1..N new tokens at once
             (prefill with an empty cache, ordinary decode, speculative blocks).
         generation_config: passed to ``generate`` (e.g. a static cache).
+        internal_cache_length: keep the KV cache inside the decode graph, in
+            buffers of this many positions (batch 1; ExecuTorch's runner contract).
+        custom_ops: with ``internal_cache_length``, write the cache and attend
+            with ExecuTorch's LLM kernels (``llama::update_cache``,
+            ``llama::custom_sdpa``; needs executorch, lowers to ExecuTorch only);
+            ``False``: the model's own attention and ``index_copy_``.
 
     Returns:
         ``Components`` of ``Capture`` records, ready for ``export`` and the lowerings.
 
     Raises:
         CaptureError: ``generate`` did not call ``forward`` as expected.
+        ValueError: ``internal_cache_length`` for a model that is not a text decoder
+            with full-attention layers, or not an int >= 2.
+        ImportError: ``custom_ops`` without executorch.
 
     Example:
         >>> from hfx import capture, zoo
@@ -192,6 +210,9 @@ def decompose(
         ['prefill', 'decode']
     """
     model = capture.source
+    if internal_cache_length is not None:
+        return _internal_cache_decode(capture, internal_cache_length, custom_ops=custom_ops,
+                                      generation_config=generation_config)
     if not can_generate(model):
         return Components(items={"model": attrs.evolve(capture, name="model")})
     inputs = with_padding_mask(capture)
@@ -221,9 +242,42 @@ def decompose(
         cache_input=next((k for k, v in decode.items() if is_cache(v)), None),
         placeholder_tokens=placeholder_tokens(model, tuple(encoders.values())),
     )
-    spec = ModelSpec(class_name=type(model).__name__, config=json.loads(model.config.to_json_string(use_diff=False)))
-    meta = GenerationMeta(generation=settings, roles=roles, model=spec, encoder_inputs=recorded.encoder_inputs)
+    meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model), encoder_inputs=recorded.encoder_inputs)
     return Components(items=parts, meta=meta)
+
+
+def _model_spec(model: torch.nn.Module) -> ModelSpec:
+    return ModelSpec(class_name=type(model).__name__, config=json.loads(model.config.to_json_string(use_diff=False)))
+
+
+def _internal_cache_decode(capture: Capture, length: Any, *, custom_ops: bool, generation_config: Any) -> Components:
+    """The one ``decode`` component of ``InternalCacheLM``: the runner's ``forward(tokens, input_pos)``."""
+    from hfx._capture.internal_cache import InternalCacheLM, cache_layers, load_custom_ops
+
+    model = capture.source
+    if not isinstance(length, int) or isinstance(length, bool) or length < 2:
+        msg = f"decompose: internal_cache_length must be an int >= 2 (the cache's positions), got {length!r}"
+        raise ValueError(msg)
+    kind = ("an encoder-decoder" if getattr(model.config, "is_encoder_decoder", False)
+            else "a multimodal model" if feature_methods(model) else None if can_generate(model) else "not generative")
+    if kind is not None or "input_ids" not in capture.kwargs:
+        what = kind or "captured without input_ids"
+        msg = (f"decompose(internal_cache_length=...): {type(model).__name__} is {what}; a cache in buffers "
+               "serves a text decoder (tokens in, logits out)")
+        raise ValueError(msg)
+    if custom_ops:
+        load_custom_ops()
+    prompt = capture.kwargs["input_ids"][:1]
+    # Two tokens at least, so that the token axis is not specialised to 1.
+    tokens = (prompt if prompt.shape[1] >= 2 else prompt.repeat(1, 2))[:, :length]
+    module = InternalCacheLM(model, cache_layers(model, tokens), length, custom_ops=custom_ops)
+    shapes = DynamicShapes(axes={"tokens": {1: "sequence"}}, bounds={"sequence": (1, length)})
+    # The wrapper is the source: export flattens and patches what it traces (it holds the model, and the patches reach it).
+    decode = Capture(module=module, source=module, kwargs={"tokens": tokens, "input_pos": torch.zeros(1, dtype=torch.long)},
+                     dynamic_shapes=shapes, name="decode")
+    meta = GenerationMeta(generation=_generation_settings(model, generation_config),
+                          roles=ComponentRoles(internal_cache_length=length), model=_model_spec(model))
+    return Components(items={"decode": decode}, meta=meta)
 
 
 def _generation_settings(model: torch.nn.Module, generation_config: Any = None) -> GenerationSettings:

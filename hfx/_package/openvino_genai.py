@@ -15,10 +15,10 @@ numbers: ``LLMPipeline(directory, "CPU", **EXACT_PROPERTIES)``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from hfx._package.common import check_text_decoder, refusal, write_configs
 from hfx._records import Capture, Components, Exported
 from hfx.backends._openvino import STATEFUL_COMPILE_OPTIONS, OvProgram, as_stateful, lower_to_ov
 
@@ -30,7 +30,7 @@ _FED_INPUTS = frozenset({"input_ids", "attention_mask", "position_ids"})
 
 
 def _refuse(reason: str, todo: str) -> ValueError:
-    return ValueError(f"package for {CONSUMER}: {reason}. {todo}")
+    return refusal(CONSUMER, reason, todo)
 
 
 def decode_program(programs: Components) -> Any:
@@ -40,11 +40,7 @@ def decode_program(programs: Components) -> Any:
         ValueError: the model is not a text decoder, or its components are not one graph for prompt and steps.
         TypeError: the decode component is a program of another runtime.
     """
-    meta = programs.meta
-    if meta.generation.is_encoder_decoder or meta.roles.feature_encoders:
-        kind = "an encoder-decoder" if meta.generation.is_encoder_decoder else "a multimodal model"
-        raise _refuse(f"{meta.model.class_name or 'the model'} is {kind}; LLMPipeline runs text decoders only",
-                      "Package a decoder-only language model (Llama, Qwen, Mistral, Gemma, Phi-3 ...).")
+    check_text_decoder(programs, consumer=CONSUMER, pipeline="LLMPipeline")
     if "decode" not in programs or "prefill" in programs:
         raise _refuse(f"it needs one graph for the prompt and every step, got components {list(programs)}",
                       "Decompose with hfx.decompose(multi_token_decode=True).")
@@ -83,6 +79,4 @@ def write_openvino_genai(programs: Components, staging: Path, *, tokenizer: Any)
     ov.save_model(encoder, staging / "openvino_tokenizer.xml")
     ov.save_model(decoder, staging / "openvino_detokenizer.xml")
     tokenizer.save_pretrained(staging)
-    meta = programs.meta
-    (staging / "config.json").write_text(json.dumps(dict(meta.model.config), indent=2))
-    (staging / "generation_config.json").write_text(json.dumps(dict(meta.generation.config), indent=2))
+    write_configs(programs, staging)

@@ -12,14 +12,21 @@ from toolz import curry
 
 from hfx._atomic import staged_directory
 from hfx._errors import argument_error
+from hfx._package.executorch_runner import write_executorch_runner
 from hfx._package.openvino_genai import write_openvino_genai
 from hfx._records import Components
 
 # Consumer name -> the function that writes its files into a staging folder. Read-only: nothing registers here.
-CONSUMERS: Mapping[str, Callable[..., None]] = MappingProxyType({"openvino-genai": write_openvino_genai})
+CONSUMERS: Mapping[str, Callable[..., None]] = MappingProxyType({
+    "openvino-genai": write_openvino_genai,
+    "executorch-runner": write_executorch_runner,
+})
 # Consumer name -> (the modules writing its package needs, the pip extra that installs them).
 _NEEDS: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
-    {"openvino-genai": (("openvino", "openvino_tokenizers"), "openvino-genai")}
+    {
+        "openvino-genai": (("openvino", "openvino_tokenizers"), "openvino-genai"),
+        "executorch-runner": (("executorch",), "executorch"),
+    }
 )
 
 
@@ -41,7 +48,18 @@ def package(
     ``generation_config.json``; ``openvino_genai.LLMPipeline(directory, "CPU")``
     loads it. ``programs`` come from ``decompose(multi_token_decode=True)`` of a
     text decoder, as ``Capture``, ``Exported`` or ``OvProgram`` records (the ones
-    not yet lowered are lowered here). The directory is written whole or not at all.
+    not yet lowered are lowered here).
+
+    ``"executorch-runner"``: ``model.pte`` (``forward(tokens, input_pos)``, the KV
+    cache in the program's buffers, ExecuTorch's LLM kernels, the metadata
+    methods ``get_max_seq_len``, ``get_eos_ids`` ...), ``tokenizer.json``,
+    ``config.json`` and ``generation_config.json``; ExecuTorch's
+    ``TextLLMRunner(f"{directory}/model.pte", f"{directory}/tokenizer.json")``
+    and its C++ ``llama_main`` run it. ``programs`` come from
+    ``decompose(internal_cache_length=N)`` of a text decoder.
+
+    Both packages carry ``hfx.json``: ``hfx.load(directory)`` and ``hfx.generate``
+    read them too. The directory is written whole or not at all.
 
     Args:
         directory: where to write; must not exist unless ``overwrite``.

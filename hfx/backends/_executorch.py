@@ -102,16 +102,20 @@ class PteProgram:
     ``buffer`` is the ``.pte`` flatbuffer. ``io.bounds`` holds the bounds its
     memory was planned for: calling the program with a larger dim raises
     ``InputError`` naming the dim. ``patches`` names the patches it was lowered
-    under (``lower_to_pte(patches=...)``). Calling it checks the keyword arguments
+    under (``lower_to_pte(patches=...)``). ``constant_methods`` are the methods
+    that return a constant (``lower_to_pte(constant_methods=...)``: ExecuTorch's
+    LLM runner reads its metadata so). Calling it checks the keyword arguments
     against ``io``, runs the ``forward`` method and returns the eager model's
-    output structure. Do not call one program from several threads at once:
-    ExecuTorch methods reuse one memory arena.
+    output structure; buffers the graph writes (a KV cache kept inside) keep
+    their values from call to call. Do not call one program from several threads
+    at once: ExecuTorch methods reuse one memory arena.
     """
 
     buffer: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     io: IoSpec
     name: str = "model"
     patches: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    constant_methods: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda m: MappingProxyType(dict(m)))
     _program: Any = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda s: _load_program(s.buffer, s.name), takes_self=True)
     )
@@ -132,6 +136,16 @@ class PteProgram:
 
             plans = deserialize_pte_binary(self.buffer).program.execution_plan
         return sum(sum(plan.non_const_buffer_sizes) for plan in plans)
+
+    @property
+    def operators(self) -> tuple[str, ...]:
+        """The operators the ``forward`` method runs outside delegates (``"aten::embedding"``, ``"llama::custom_sdpa"`` ...)."""
+        with _quietly():
+            from executorch.exir._serialize._program import deserialize_pte_binary
+
+            plans = deserialize_pte_binary(self.buffer).program.execution_plan
+        plan = next(plan for plan in plans if plan.name == _METHOD)
+        return tuple(operator.name for operator in plan.operators)
 
     def __call__(self, **kwargs: Any) -> Any:
         """Run the program on ``kwargs`` (checked against ``io``); return the eager model's output structure."""
@@ -167,6 +181,7 @@ def lower_to_pte(
     *,
     max_sizes: Mapping[str, int] | None = None,
     patches: tuple[Patch, ...] = PTE_PATCHES,
+    constant_methods: Mapping[str, Any] | None = None,
 ) -> PteProgram:
     """Lower ``exported`` to an ExecuTorch program delegated to XNNPACK, planned for bounded dims.
 
@@ -186,6 +201,9 @@ def lower_to_pte(
         patches: the zero-argument context-manager factories entered around ExecuTorch's
             lowering, in order: ``PTE_PATCHES`` extended (``(*hfx.backends.PTE_PATCHES, my_patch)``)
             or filtered, or your own.
+        constant_methods: ``{method name: value}`` (an int, float, bool or a list of them) that the
+            program also carries as methods returning the value (ExecuTorch's LLM runner reads
+            ``get_max_seq_len``, ``get_eos_ids`` ... so).
 
     Returns:
         A ``PteProgram`` callable like the model (``Components`` of them for ``Components``).
@@ -212,15 +230,17 @@ def lower_to_pte(
     """
     require("executorch", extra="executorch")
     patches = fixes_option(patches, stage="lower_to_pte", option="patches", default="PTE_PATCHES")
+    methods = _constant_methods(constant_methods)
     exported = as_exported(exported, stage="lower_to_pte")
     bounds = pte_bounds(exported, max_sizes=max_sizes)
     with _quietly() as log:
         exported = for_runtime(exported)  # an ExecuTorch program cannot write its inputs or run asserts
         with spec_caches(exported.io):
-            buffer, kept = _to_pte(exported, bounds, log, patches)
+            buffer, kept = _to_pte(exported, bounds, log, patches, methods)
     io_spec = attrs.evolve(exported.io, bounds={**exported.io.bounds, **kept})
     try:
-        return PteProgram(buffer=buffer, io=io_spec, name=exported.name, patches=fix_names(patches))
+        return PteProgram(buffer=buffer, io=io_spec, name=exported.name, patches=fix_names(patches),
+                          constant_methods=methods)
     except LoweringError as exc:
         what = f"the program was built, but the ExecuTorch runtime refused it: {first_line(exc)}."
         todo = "The runtime's output below names the operator or delegate; replace it with a patch at export."
@@ -275,8 +295,22 @@ def pte_bounds(
     return bounds
 
 
+def _constant_methods(methods: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``constant_methods`` checked: names that are not ``forward``, values JSON scalars or lists of them."""
+    methods = dict(methods or {})
+    for name, value in methods.items():
+        values = value if isinstance(value, list) else [value]
+        if not isinstance(name, str) or name == _METHOD or not values or not all(
+                isinstance(v, (bool, int, float)) for v in values):
+            msg = (f"lower_to_pte: constant_methods[{name!r}] must name a method other than {_METHOD!r} and "
+                   f"give an int, float, bool or a non-empty list of them, got {value!r}")
+            raise ValueError(msg)
+    return methods
+
+
 def _to_pte(
-    exported: Exported, bounds: Mapping[str, tuple[int, int]], log: io.StringIO, patches: tuple[Patch, ...]
+    exported: Exported, bounds: Mapping[str, tuple[int, int]], log: io.StringIO, patches: tuple[Patch, ...],
+    methods: Mapping[str, Any],
 ) -> tuple[bytes, dict[str, tuple[int, int]]]:
     """Export the graph again with ``bounds``, lower it under ``patches`` and serialise it; also the bounds kept."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -290,7 +324,8 @@ def _to_pte(
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
     try:
         with with_patches(*patches):
-            edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+            edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
+                                               constant_methods=dict(methods) or None)
             return edge.to_executorch().buffer, kept
     except Exception as exc:
         what = f"ExecuTorch could not lower the program: {root_cause(exc)}."
@@ -412,11 +447,12 @@ def save_files(program: PteProgram, directory: Path) -> dict[str, Any]:
     """Write ``<name>.pte`` into ``directory``; return the manifest entry (the bounds are in ``io``)."""
     filename = f"{program.name}.pte"
     (Path(directory) / filename).write_bytes(program.buffer)
-    return {"files": [filename], "patches": list(program.patches)}
+    return {"files": [filename], "patches": list(program.patches), "constant_methods": dict(program.constant_methods)}
 
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> PteProgram:
     """Load a program written by ``save_files`` (the whole ``.pte`` is read into memory)."""
     require("executorch", extra="executorch")
     buffer = (Path(directory) / entry["files"][0]).read_bytes()
-    return PteProgram(buffer=buffer, io=io, name=name, patches=entry.get("patches", ()))
+    return PteProgram(buffer=buffer, io=io, name=name, patches=entry.get("patches", ()),
+                      constant_methods=entry.get("constant_methods", {}))

@@ -257,3 +257,21 @@ def test_a_patches_option_that_is_not_a_tuple_of_callables_is_a_type_error(linea
     with pytest.raises(TypeError, match=r"lower_to_pte: patches must be a tuple of callables, such as "
                                         r"\(\*hfx\.backends\.PTE_PATCHES, my_fix\)"):
         lower_to_pte(linear, patches=PTE_PATCHES[0])
+
+
+def test_constant_methods_are_carried_saved_and_loaded(linear, tmp_path):
+    from executorch.runtime import Runtime
+
+    program = lower_to_pte(linear, constant_methods={"get_answer": 42, "get_ids": [1, 2], "is_tiny": True})
+    assert dict(program.constant_methods) == {"get_answer": 42, "get_ids": [1, 2], "is_tiny": True}
+    loaded = Runtime.get().load_program(program.buffer)
+    assert loaded.load_method("get_ids").execute([]) == [1, 2] and loaded.load_method("is_tiny").execute([]) == [True]
+    assert "aten::linear" not in program.operators  # delegated to XNNPACK
+    again = hfx.load(hfx.save(tmp_path / "p", program))
+    assert dict(again.constant_methods) == dict(program.constant_methods)
+
+
+@pytest.mark.parametrize("methods", [{"forward": 1}, {"get_name": "llama"}, {"get_ids": []}])
+def test_bad_constant_methods_are_value_errors(linear, methods):
+    with pytest.raises(ValueError, match="constant_methods"):
+        lower_to_pte(linear, constant_methods=methods)
