@@ -170,7 +170,7 @@ def decompose(
     ``projector`` (``<modality>_projector`` when there are several),
     ``embed_tokens``, ``language_model`` (``get_decoder()``), ``lm_head`` and
     ``decode``; a model that does not generate gives one component,
-    ``model``. With ``multi_token_decode`` there is no ``prefill``: the decode
+    ``model`` (its ``meta`` holds only the model's class and config). With ``multi_token_decode`` there is no ``prefill``: the decode
     graph takes 1..N new tokens over a past of 0..N, so it prefills too.
 
     Args:
@@ -193,7 +193,7 @@ def decompose(
     """
     model = capture.source
     if not can_generate(model):
-        return Components(items={"model": attrs.evolve(capture, name="model")})
+        return Components(items={"model": attrs.evolve(capture, name="model")}, meta=GenerationMeta(model=_model_spec(model)))
     inputs = with_padding_mask(capture)
     steps = _steps(model, inputs, multi_token_decode)
     recorded = recorded_generate(model, inputs, steps, generation_config)
@@ -221,9 +221,15 @@ def decompose(
         cache_input=next((k for k, v in decode.items() if is_cache(v)), None),
         placeholder_tokens=placeholder_tokens(model, tuple(encoders.values())),
     )
-    spec = ModelSpec(class_name=type(model).__name__, config=json.loads(model.config.to_json_string(use_diff=False)))
-    meta = GenerationMeta(generation=settings, roles=roles, model=spec, encoder_inputs=recorded.encoder_inputs)
+    meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model), encoder_inputs=recorded.encoder_inputs)
     return Components(items=parts, meta=meta)
+
+
+def _model_spec(model: torch.nn.Module) -> ModelSpec:
+    """The model's class and config (none for a plain ``nn.Module``)."""
+    config = getattr(model, "config", None)
+    to_json = getattr(config, "to_json_string", None)
+    return ModelSpec(class_name=type(model).__name__, config=json.loads(to_json(use_diff=False)) if to_json else {})
 
 
 def _generation_settings(model: torch.nn.Module, generation_config: Any = None) -> GenerationSettings:
