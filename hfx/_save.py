@@ -106,9 +106,19 @@ def _check_order(directory: Any, program: Any) -> None:
         raise argument_error(call, "directory", "a path (str or os.PathLike)", directory)
 
 
-def write_saved(staging: Path, components: Components, *, single: bool = False, processor: Any = None) -> None:
-    """Write ``components`` into the empty folder ``staging`` as ``save`` does: runtime files, ``hfx.json``, processor."""
-    manifest = _write_components(components, staging, single=single)
+def write_saved(
+    staging: Path,
+    components: Components,
+    *,
+    single: bool = False,
+    processor: Any = None,
+    layout: Mapping[str, Mapping[str, str]] = MappingProxyType({}),
+) -> None:
+    """Write ``components`` into the empty folder ``staging`` as ``save`` does: runtime files, ``hfx.json``, processor.
+
+    ``layout`` maps a component to the file names its runtime's ``save_files`` takes (a package's own layout).
+    """
+    manifest = _write_components(components, staging, single=single, layout=layout)
     processor = processor if processor is not None else components.processor
     if processor is not None:
         processor.save_pretrained(staging / PROCESSOR)
@@ -116,7 +126,9 @@ def write_saved(staging: Path, components: Components, *, single: bool = False, 
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
-def _write_components(components: Components, staging: Path, *, single: bool) -> dict[str, Any]:
+def _write_components(
+    components: Components, staging: Path, *, single: bool, layout: Mapping[str, Mapping[str, str]]
+) -> dict[str, Any]:
     from hfx._version import __version__
     from hfx.backends._common import versions
 
@@ -124,7 +136,7 @@ def _write_components(components: Components, staging: Path, *, single: bool) ->
     for name, program in components.items():
         kind = type(program).__name__
         module = _runtime_module(kind)
-        entry = module.save_files(program, staging)
+        entry = module.save_files(program, staging, **layout.get(name, {}))
         entries[name] = {"runtime": module.RUNTIME, "record": kind, "io": program.io.to_json(), **entry}
     return {
         "schema_version": SCHEMA_VERSION,

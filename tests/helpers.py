@@ -1,6 +1,12 @@
-"""Helpers shared by the tests: shapes, new inputs and model-state snapshots."""
+"""Helpers shared by the tests: shapes, new inputs, model-state snapshots and the install of Transformers.js."""
 
 from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import torch
 
@@ -88,3 +94,23 @@ def schema_1_meta(meta: dict) -> dict:
         "placeholder_tokens": roles["placeholder_tokens"],
     }
     return {**flat, **({"quantization": meta["quantization"]} if meta["quantization"] else {}), **meta["extra"]}
+
+
+# Transformers.js, from the npm registry, installed into a cache folder of the repo that git ignores.
+TRANSFORMERS_JS = "4.3.2"
+NODE_PREFIX = Path(__file__).resolve().parents[1] / ".cache" / "node"
+
+
+def install_transformers_js() -> Path:
+    """``NODE_PREFIX`` with ``@huggingface/transformers@TRANSFORMERS_JS`` installed (npm runs when it is absent)."""
+    installed = NODE_PREFIX / "node_modules" / "@huggingface" / "transformers" / "package.json"
+    if installed.is_file() and json.loads(installed.read_text())["version"] == TRANSFORMERS_JS:
+        return NODE_PREFIX
+    if shutil.which("npm") is None:
+        msg = "the Transformers.js tests need node (>= 18) and npm on PATH to install @huggingface/transformers"
+        raise RuntimeError(msg)
+    # onnxruntime-node's postinstall fetches CUDA binaries from NuGet; its CPU binaries ship in the npm package.
+    env = {**os.environ, "ONNXRUNTIME_NODE_INSTALL": "skip"}
+    subprocess.run(["npm", "install", "--prefix", str(NODE_PREFIX), "--no-audit", "--no-fund", "--loglevel=error",
+                    f"@huggingface/transformers@{TRANSFORMERS_JS}"], env=env, check=True)
+    return NODE_PREFIX

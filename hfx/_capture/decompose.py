@@ -172,7 +172,7 @@ def decompose(
     ``projector`` (``<modality>_projector`` when there are several),
     ``embed_tokens``, ``language_model`` (``get_decoder()``), ``lm_head`` and
     ``decode``; a model that does not generate gives one component,
-    ``model``. With ``multi_token_decode`` there is no ``prefill``: the decode
+    ``model`` (its ``meta`` holds only the model's class and config). With ``multi_token_decode`` there is no ``prefill``: the decode
     graph takes 1..N new tokens over a past of 0..N, so it prefills too.
 
     With ``internal_cache_length`` a text decoder gives one component,
@@ -214,7 +214,7 @@ def decompose(
         return _internal_cache_decode(capture, internal_cache_length, custom_ops=custom_ops,
                                       generation_config=generation_config)
     if not can_generate(model):
-        return Components(items={"model": attrs.evolve(capture, name="model")})
+        return Components(items={"model": attrs.evolve(capture, name="model")}, meta=GenerationMeta(model=_model_spec(model)))
     inputs = with_padding_mask(capture)
     steps = _steps(model, inputs, multi_token_decode)
     recorded = recorded_generate(model, inputs, steps, generation_config)
@@ -247,7 +247,10 @@ def decompose(
 
 
 def _model_spec(model: torch.nn.Module) -> ModelSpec:
-    return ModelSpec(class_name=type(model).__name__, config=json.loads(model.config.to_json_string(use_diff=False)))
+    """The model's class and config (none for a plain ``nn.Module``)."""
+    config = getattr(model, "config", None)
+    to_json = getattr(config, "to_json_string", None)
+    return ModelSpec(class_name=type(model).__name__, config=json.loads(to_json(use_diff=False)) if to_json else {})
 
 
 def _internal_cache_decode(capture: Capture, length: Any, *, custom_ops: bool, generation_config: Any) -> Components:

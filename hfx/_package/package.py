@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -14,20 +15,26 @@ from hfx._atomic import staged_directory
 from hfx._errors import argument_error
 from hfx._package.executorch_runner import write_executorch_runner
 from hfx._package.openvino_genai import write_openvino_genai
+from hfx._package.transformers_js import VARIANTS as TRANSFORMERS_JS_VARIANTS
+from hfx._package.transformers_js import write_transformers_js
 from hfx._records import Components
 
 # Consumer name -> the function that writes its files into a staging folder. Read-only: nothing registers here.
 CONSUMERS: Mapping[str, Callable[..., None]] = MappingProxyType({
     "openvino-genai": write_openvino_genai,
     "executorch-runner": write_executorch_runner,
+    "transformers.js": write_transformers_js,
 })
 # Consumer name -> (the modules writing its package needs, the pip extra that installs them).
 _NEEDS: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
     {
         "openvino-genai": (("openvino", "openvino_tokenizers"), "openvino-genai"),
         "executorch-runner": (("executorch",), "executorch"),
+        "transformers.js": (("onnx", "onnxscript", "onnxruntime"), "onnx"),
     }
 )
+# Consumer name -> the quantized variants its writer adds on request (``variants=``); the others write none.
+_VARIANTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({"transformers.js": TRANSFORMERS_JS_VARIANTS})
 
 
 @curry
@@ -39,6 +46,7 @@ def package(
     consumer: str,
     tokenizer: Any = None,
     overwrite: bool = False,
+    variants: tuple[str, ...] = (),
 ) -> Path:
     """Write ``programs`` as the package ``consumer``'s own pipeline loads, unchanged, from ``directory``.
 
@@ -50,6 +58,16 @@ def package(
     text decoder, as ``Capture``, ``Exported`` or ``OvProgram`` records (the ones
     not yet lowered are lowered here).
 
+    ``"transformers.js"``: ``onnx/model.onnx`` (+ ``model.onnx_data``) with
+    Transformers.js's names (``past_key_values.N.key`` -> ``present.N.key``),
+    ``config.json`` (``model_type``, ``transformers.js_config``), the tokenizer
+    files and, for a decoder, ``generation_config.json``; ``pipeline("text-generation",
+    directory)`` loads a decoder from ``decompose(multi_token_decode=True)``,
+    ``pipeline("feature-extraction", directory)`` a text encoder (the one component
+    of ``decompose`` of a model that does not generate); ``Capture``, ``Exported``
+    or ``OnnxProgram`` records. ``variants=("q8",)`` adds ``onnx/model_quantized.onnx``
+    (``hfx.quantize_onnx``, dynamic int8), loaded with ``dtype: "q8"``.
+
     ``"executorch-runner"``: ``model.pte`` (``forward(tokens, input_pos)``, the KV
     cache in the program's buffers, ExecuTorch's LLM kernels, the metadata
     methods ``get_max_seq_len``, ``get_eos_ids`` ...), ``tokenizer.json``,
@@ -58,7 +76,7 @@ def package(
     and its C++ ``llama_main`` run it. ``programs`` come from
     ``decompose(internal_cache_length=N)`` of a text decoder.
 
-    Both packages carry ``hfx.json``: ``hfx.load(directory)`` and ``hfx.generate``
+    Every package carries ``hfx.json``: ``hfx.load(directory)`` and ``hfx.generate``
     read them too. The directory is written whole or not at all.
 
     Args:
@@ -67,12 +85,13 @@ def package(
         consumer: the pipeline to write for; one of ``CONSUMERS``.
         tokenizer: the model's tokenizer; defaults to ``programs.processor``.
         overwrite: replace an existing directory.
+        variants: quantized copies the consumer loads by name (transformers.js: ``"q8"``, ``"q4"``).
 
     Returns:
         The directory's path.
 
     Raises:
-        ValueError: an unknown consumer, no tokenizer, or a model or decomposition the
+        ValueError: an unknown consumer or variant, no tokenizer, or a model or decomposition the
             consumer cannot take (the message names the consumer, the reason and what to do).
         TypeError: ``programs`` is not ``Components`` or ``directory`` not a path (the arguments swapped).
         ImportError: a package writing the consumer's files needs is missing (names the pip extra).
@@ -97,8 +116,14 @@ def package(
         msg = (f"package for {consumer}: no tokenizer; pass tokenizer=AutoTokenizer.from_pretrained(...) "
                "(the pipeline tokenizes prompts itself)")
         raise ValueError(msg)
+    unknown = sorted(set(variants) - set(_VARIANTS.get(consumer, ())))
+    if unknown:
+        msg = (f"package for {consumer}: no variants {unknown}; "
+               f"{consumer} takes {sorted(_VARIANTS[consumer]) if consumer in _VARIANTS else 'none'}")
+        raise ValueError(msg)
+    write = partial(CONSUMERS[consumer], variants=tuple(variants)) if variants else CONSUMERS[consumer]
     with staged_directory(Path(directory), overwrite=overwrite, stage=f"package for {consumer}") as staging:
-        CONSUMERS[consumer](programs, staging, tokenizer=tokenizer)
+        write(programs, staging, tokenizer=tokenizer)
     return Path(directory)
 
 

@@ -302,16 +302,20 @@ def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> 
     return lowering_error("lower_to_onnx", exported, what, todo, log, source="torch.onnx")
 
 
-def save_files(program: OnnxProgram, directory: Path) -> dict[str, Any]:
-    """Write ``<name>.onnx`` and its weights, ``<name>.onnx.data``, into ``directory``; return the manifest entry."""
+def save_files(program: OnnxProgram, directory: Path, *, filename: str = "", data: str = "") -> dict[str, Any]:
+    """Write ``<name>.onnx`` and its weights, ``<name>.onnx.data``, into ``directory``; return the manifest entry.
+
+    ``filename`` (a path under ``directory``) and ``data`` (the weights' file beside it) name them for a package's layout.
+    """
     import onnx_ir as ir
 
-    filename = f"{program.name}.onnx"
+    filename = filename or f"{program.name}.onnx"
+    data = data or f"{Path(filename).name}.data"
+    (directory / filename).parent.mkdir(parents=True, exist_ok=True)
     # Weights go to the data file, so models over 2 GB save; tensors under 256 bytes (axes, shapes) stay
     # inline because ONNX Runtime's shape inference cannot read external ones. 64 KiB alignment lets ORT mmap.
-    ir.save(program.model, directory / filename, external_data=f"{filename}.data", size_threshold_bytes=256,
-            alignment=65536)
-    files = [f for f in (filename, f"{filename}.data") if (directory / f).is_file()]
+    ir.save(program.model, directory / filename, external_data=data, size_threshold_bytes=256, alignment=65536)
+    files = [f for f in (filename, Path(filename).with_name(data).as_posix()) if (directory / f).is_file()]
     return {"files": files, "opset": program.opset, "fixes": list(program.fixes)}
 
 

@@ -72,6 +72,8 @@ def test_multi_token_decode_merges_two_steps(models):
 def test_a_model_that_does_not_generate_is_one_component(models):
     parts = hfx.decompose(hfx.capture(zoo.inputs("bert"), models("bert")))
     assert list(parts) == ["model"]
+    assert parts.meta.model.class_name == "BertModel" and parts.meta.model.config["model_type"] == "bert"
+    assert not parts.meta.generation.config  # nothing to generate with
 
 
 def test_decompose_changes_nothing(models):
