@@ -25,6 +25,8 @@ from hfx._generate import generate as generate
 from hfx._lift import by_component as by_component
 from hfx._lift import per_component as per_component
 from hfx._package.package import package as package
+from hfx._upstream import UntestedVersionWarning as UntestedVersionWarning
+from hfx._upstream import check_window
 from hfx._records import Capture as Capture
 from hfx._records import ComponentRoles as ComponentRoles
 from hfx._records import Components as Components
@@ -75,6 +77,7 @@ __all__ = [
     "PatchError",
     "Report",
     "TensorSpec",
+    "UntestedVersionWarning",
     "__version__",
     "by_component",
     "calibration_inputs",
@@ -98,3 +101,8 @@ __all__ = [
     "vision_inputs",
     "with_patches",
 ]
+
+
+for _distribution in ("torch", "transformers"):  # the runtimes' packages are checked when a stage first needs them
+    check_window(_distribution)
+del _distribution, check_window

@@ -11,14 +11,70 @@ older have ``past_key_values`` (``cache_params`` for state-space models):
   ``with_installed_fields`` renames it to the installed class's field, so an
   export saved with either release loads and generates with the other;
 - ``output_cache`` reads the cache of a model output under any of the names.
+
+``WINDOW`` is the tested window (pyproject.toml declares the same ranges);
+``check_window`` warns once per process about a release outside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
+import re
+import warnings
+from types import MappingProxyType
 from typing import Any
 
 from torch.utils import _pytree as pytree
+
+#: Distribution -> (oldest, newest) ``major.minor`` release the suite passes on (CI runs both ends).
+WINDOW = MappingProxyType({
+    "torch": ("2.13", "2.14"),
+    "transformers": ("5.22", "5.24"),
+    "onnx": ("1.23", "1.23"),
+    "onnxscript": ("0.7", "0.7"),
+    "onnxruntime": ("1.32", "1.32"),
+    "executorch": ("1.5", "1.5"),
+    "openvino": ("2026.4", "2026.4"),
+})
+
+
+class UntestedVersionWarning(UserWarning):
+    """An installed release is outside hfx's tested window; hfx goes on and may fail or differ."""
+
+
+@functools.cache
+def check_window(distribution: str) -> str | None:
+    """Warn (once per process) when the installed ``distribution`` is outside ``WINDOW``; its version, or ``None`` if absent.
+
+    Example:
+        >>> check_window("no-such-distribution") is None
+        True
+    """
+    try:
+        installed = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    oldest, newest = WINDOW.get(distribution, (None, None))
+    if oldest is not None and not _release(oldest) <= _release(installed) <= _release(newest):
+        window = oldest if oldest == newest else f"{oldest} to {newest}"
+        warnings.warn(f"hfx is tested with {distribution} {window}.x; {installed} is installed. hfx goes on; a failure "
+                      f"or a numeric difference may come from the untested release: pip install '{distribution}"
+                      f">={oldest},<{_next(newest)}' to get a tested one.", UntestedVersionWarning, stacklevel=2)
+    return installed
+
+
+def _release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string such as ``2.14.1+cpu`` or ``2026.4.1``."""
+    major, minor = (re.match(r"(\d+)(?:\.(\d+))?", version) or re.match("()()", "")).groups()
+    return int(major or 0), int(minor or 0)
+
+
+def _next(release: str) -> str:
+    major, minor = _release(release)
+    return f"{major}.{minor + 1}"
+
 
 #: The names the cache argument and output field have had, newest first.
 CACHE_NAMES = ("cache", "past_key_values", "cache_params")

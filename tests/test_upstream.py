@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,3 +74,35 @@ def test_an_export_saved_by_the_other_release_loads_and_generates_eager_tokens(t
     assert loaded.meta.roles.cache_input == OTHER
     tokens = hfx.generate(prompt, loaded, max_new_tokens=NEW_TOKENS["llama"])
     assert torch.equal(tokens, eager_tokens(model, prompt, NEW_TOKENS["llama"]))
+
+
+def test_a_release_outside_the_window_warns_once_naming_package_version_and_window(monkeypatch):
+    from hfx import _upstream
+
+    monkeypatch.setattr(_upstream.importlib.metadata, "version", lambda name: "9.1.0")
+    _upstream.check_window.cache_clear()
+    try:
+        with pytest.warns(hfx.UntestedVersionWarning, match=r"tested with transformers 5\.22 to 5\.24\.x; 9\.1\.0 is installed"):
+            assert _upstream.check_window("transformers") == "9.1.0"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _upstream.check_window("transformers")  # once per process
+    finally:
+        _upstream.check_window.cache_clear()
+
+
+def test_the_installed_releases_are_inside_the_window():
+    from hfx import _upstream
+
+    for distribution in _upstream.WINDOW:
+        installed = importlib.metadata.version(distribution)
+        oldest, newest = _upstream.WINDOW[distribution]
+        assert _upstream._release(oldest) <= _upstream._release(installed) <= _upstream._release(newest), distribution
+
+
+def test_pyproject_declares_the_window():
+    from hfx import _upstream
+
+    text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    for distribution, (oldest, newest) in _upstream.WINDOW.items():
+        assert f'"{distribution}>={oldest},<{_upstream._next(newest)}"' in text, distribution

@@ -60,7 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                         "check greedy hfx.generate against eager model.generate")
     export.add_argument("--multi-token-decode", action="store_true",
                         help="with --generation: one decode graph that takes 1..N new tokens (no separate prefill)")
-    export.add_argument("--static-cache", type=int, metavar="N", help="with --generation: a static KV cache of N positions")
+    export.add_argument("--static-cache", type=int, metavar="N",
+                        help="with --generation: a static KV cache of N positions; with --for executorch-runner: the "
+                        "runner's cache length (default: the model's context, at most 2048)")
     export.add_argument("--opset", type=int, help="ONNX opset (default: 18)")
     export.add_argument("--dtype", choices=list(DTYPES), default="float32", help="load the model in this dtype (default: float32)")
     atols = ", ".join(f"{k} {v:g}" for k, v in DEFAULT_ATOL.items())

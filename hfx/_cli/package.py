@@ -12,6 +12,8 @@ from hfx._cli.common import CAPTURE_SHAPE, EXIT_FAILED, EXIT_OK, UsageError, qui
 
 CHECK_PROMPT = (1, 11)  # batch, sequence of the prompt each package is checked with (the runners take batch 1)
 CHECK_TOKENS = 8
+#: The cache length of ExecuTorch's runner program without ``--static-cache``: the model's context, at most this.
+RUNNER_CACHE_LENGTH = 2048
 
 
 def consumers() -> tuple[str, ...]:
@@ -38,12 +40,19 @@ def check_package_options(args: argparse.Namespace, chosen: list[str], *, with_r
     """
     from hfx._package.package import require_consumer
 
-    options = {"--quantize": args.quantize, "--static-cache": args.static_cache, "--opset": args.opset,
+    options = {"--quantize": args.quantize, "--opset": args.opset,
                "--generation": args.generation or None, "--multi-token-decode": args.multi_token_decode or None}
     given = [option for option, value in options.items() if value is not None]
     if given and not with_runtimes:
         msg = (f"{', '.join(given)} shape(s) the programs of --to, not the packages of --for (one float32 graph for "
                "prompt and steps): add --to RUNTIMES or drop them.")
+        raise UsageError(msg)
+    if args.static_cache is not None and not with_runtimes and "executorch-runner" not in chosen:
+        raise UsageError("--static-cache with --for sets the cache length of executorch-runner: add it or drop --static-cache.")
+    needed = CHECK_PROMPT[1] + CHECK_TOKENS
+    if args.static_cache is not None and args.static_cache < needed:
+        msg = (f"--static-cache {args.static_cache}: the package check runs a {CHECK_PROMPT[1]}-token prompt plus "
+               f"{CHECK_TOKENS} new tokens; pass at least {needed}.")
         raise UsageError(msg)
     for consumer in chosen:
         try:
@@ -68,21 +77,25 @@ def run_packages(args: argparse.Namespace, loaded: Any, stream: IO[str]) -> int:
     tokenizer = _tokenizer(loaded)
     (batch, sequence), (check_batch, check_sequence) = CAPTURE_SHAPE, CHECK_PROMPT
     inputs = example_inputs(loaded, batch=batch, sequence=sequence, generation=True)
-    parts = quiet_step(stream, args, "capture and decompose generate() into one graph for prompt and steps",
-                       lambda: hfx.decompose(hfx.capture(inputs, loaded.model), multi_token_decode=True))
-    exported = quiet_step(stream, args, "torch.export decode", lambda: hfx.export(parts))
+    capture = hfx.capture(inputs, loaded.model)
+    exports: dict[str, Any] = {}  # decomposition label -> its exported Components, each made once
     prompt = example_inputs(loaded, batch=check_batch, sequence=check_sequence, generation=True)
     rows = []
     for consumer in chosen:
+        label, options = _decomposition(consumer, loaded.model, args)
+        if label not in exports:
+            parts = quiet_step(stream, args, f"capture and decompose generate() into {label}",
+                               lambda o=options: hfx.decompose(capture, **o))
+            exports[label] = quiet_step(stream, args, "torch.export decode", lambda p=parts: hfx.export(p))
         started = time.perf_counter()
         path = quiet_step(stream, args, f"{consumer}: write the package to {Path(args.out) / consumer}",
-                          lambda c=consumer: hfx.package(Path(args.out) / c, exported, consumer=c, tokenizer=tokenizer,
-                                                         overwrite=True))
+                          lambda c=consumer, e=exports[label]: hfx.package(Path(args.out) / c, e, consumer=c,
+                                                                           tokenizer=tokenizer, overwrite=True))
         seconds = time.perf_counter() - started
         same, detail = quiet_step(stream, args, f"{consumer}: hfx.load + generate {CHECK_TOKENS} tokens, compare with eager",
                                   lambda p=path: _tokens_check(p, loaded.model, prompt))
         rows.append([consumer, "pass" if same else "FAIL", detail, f"{_size(path) / 1e6:.2f} MB", f"{seconds:.1f}"])
-    print(f"\n{type(loaded.model).__name__}: one decode graph for prompt and steps, written for {', '.join(chosen)}; "
+    print(f"\n{type(loaded.model).__name__}: {' and '.join(exports)}, written for {', '.join(chosen)}; "
           f"each package loaded back with hfx.load and its greedy tokens compared with eager's "
           f"(batch {check_batch}, prompt {check_sequence}, {CHECK_TOKENS} new tokens).\n")
     print(table(["package", "check", "tokens", "size", "seconds"], rows))
@@ -91,6 +104,20 @@ def run_packages(args: argparse.Namespace, loaded: Any, stream: IO[str]) -> int:
     if failed:
         print(f"\n{len(failed)} package(s) generate other tokens than eager: {', '.join(failed)}. Report the model to hfx.")
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _decomposition(consumer: str, model: Any, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """What ``consumer``'s pipeline runs, as a label and ``decompose``'s options.
+
+    ExecuTorch's runner keeps the KV cache inside its one graph, of ``--static-cache``
+    positions (default: the model's context, at most ``RUNNER_CACHE_LENGTH``); the
+    others take one graph for prompt and steps with the cache passed in and out.
+    """
+    if consumer != "executorch-runner":
+        return "one graph for prompt and steps", {"multi_token_decode": True}
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None) or RUNNER_CACHE_LENGTH
+    length = args.static_cache if args.static_cache is not None else min(context, RUNNER_CACHE_LENGTH)
+    return f"one graph with a {length}-position cache inside", {"internal_cache_length": length}
 
 
 def _tokenizer(loaded: Any) -> Any:

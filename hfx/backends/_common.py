@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from hfx._records import Capture, Exported
+from hfx._upstream import check_window
 
 
 def require(*modules: str, extra: str) -> None:
@@ -23,6 +24,8 @@ def require(*modules: str, extra: str) -> None:
             f"Install it with: pip install 'hfx[{extra}]'"
         )
         raise ImportError(msg)
+    for module in modules:
+        check_window(module)
 
 
 def as_exported(subject: Any, *, stage: str) -> Exported:

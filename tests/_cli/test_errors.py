@@ -40,6 +40,8 @@ def test_a_bad_argument_exits_2_with_one_paragraph():
         (["export", "--for", "tflite-runner"], "--for: unknown consumer(s) ['tflite-runner']; choose among"),
         (["export", "--for", "openvino-genai", "--quantize", "int8"], "--quantize shape(s) the programs of --to"),
         (["export", "--for", "openvino-genai", "--generation"], "--generation shape(s) the programs of --to"),
+        (["export", "--for", "openvino-genai", "--static-cache", "64"], "sets the cache length of executorch-runner"),
+        (["export", "--for", "executorch-runner", "--static-cache", "8"], "pass at least 19"),
     ],
 )
 def test_options_that_cannot_apply_fail_before_any_work(args, says, capsys):

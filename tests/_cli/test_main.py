@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -117,13 +118,16 @@ def test_run_samples_like_hfx_generate_with_the_same_seed(llama_export):
     assert result.stdout.strip() == ",".join(map(str, expected[0].tolist()))
 
 
-def test_export_for_a_consumer_writes_the_package_its_pipeline_loads(tmp_path):
+def test_export_for_consumers_writes_the_packages_their_pipelines_load(tmp_path):
     genai = pytest.importorskip("openvino_genai")
     from hfx._package.openvino_genai import EXACT_PROPERTIES
 
-    result = hfx_cli("export", "--for", "openvino-genai", "--out", str(tmp_path / "out"))
+    consumers = ["openvino-genai", "transformers.js", "executorch-runner"]
+    result = hfx_cli("export", "--for", ",".join(consumers), "--static-cache", "64", "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
-    assert "openvino-genai  pass   equal" in result.stdout  # hfx.load + hfx.generate of the package gave eager's tokens
+    for consumer in consumers:  # hfx.load + hfx.generate of each package gave eager's tokens
+        assert re.search(rf"^{re.escape(consumer)}\s+pass\s+equal", result.stdout, re.MULTILINE), result.stdout
+    assert "a 64-position cache inside" in result.stdout  # the runner's own decomposition, from --static-cache
     package = tmp_path / "out" / "openvino-genai"
     assert not (tmp_path / "out" / "onnx").exists()  # --for alone lowers to no runtime of --to
     pipeline = genai.LLMPipeline(str(package), "CPU", **EXACT_PROPERTIES)
