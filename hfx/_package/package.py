@@ -13,13 +13,20 @@ from toolz import curry
 from hfx._atomic import staged_directory
 from hfx._errors import argument_error
 from hfx._package.openvino_genai import write_openvino_genai
+from hfx._package.ort_genai import write_ort_genai
 from hfx._records import Components
 
 # Consumer name -> the function that writes its files into a staging folder. Read-only: nothing registers here.
-CONSUMERS: Mapping[str, Callable[..., None]] = MappingProxyType({"openvino-genai": write_openvino_genai})
+CONSUMERS: Mapping[str, Callable[..., None]] = MappingProxyType({
+    "openvino-genai": write_openvino_genai,
+    "ort-genai": write_ort_genai,
+})
 # Consumer name -> (the modules writing its package needs, the pip extra that installs them).
 _NEEDS: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
-    {"openvino-genai": (("openvino", "openvino_tokenizers"), "openvino-genai")}
+    {
+        "openvino-genai": (("openvino", "openvino_tokenizers"), "openvino-genai"),
+        "ort-genai": (("onnx", "onnxscript", "onnxruntime"), "onnx"),
+    }
 )
 
 
@@ -39,9 +46,19 @@ def package(
     inside OpenVINO, ``beam_idx`` reorders it), the OpenVINO tokenizer and
     detokenizer models, the tokenizer files, ``config.json`` and
     ``generation_config.json``; ``openvino_genai.LLMPipeline(directory, "CPU")``
-    loads it. ``programs`` come from ``decompose(multi_token_decode=True)`` of a
-    text decoder, as ``Capture``, ``Exported`` or ``OvProgram`` records (the ones
-    not yet lowered are lowered here). The directory is written whole or not at all.
+    loads it.
+
+    ``"ort-genai"``: ``genai_config.json`` (model type, context length, the
+    decoder's sizes and input and output names, special tokens, search defaults),
+    the decoder graph ``model.onnx`` (+ ``model.onnx.data``), the tokenizer files,
+    ``config.json`` and ``generation_config.json``; ``onnxruntime_genai.Model(directory)``
+    loads it.
+
+    ``programs`` come from ``decompose(multi_token_decode=True)`` of a text
+    decoder, as ``Capture``, ``Exported`` or the consumer's program records
+    (``OvProgram``, ``OnnxProgram``; the ones not yet lowered are lowered here).
+    Each package also holds hfx's ``hfx.json`` over the same graph, so ``hfx.load``
+    and ``hfx.generate`` read it. The directory is written whole or not at all.
 
     Args:
         directory: where to write; must not exist unless ``overwrite``.
@@ -67,6 +84,9 @@ def package(
         >>> path = package(tempfile.mkdtemp() + "/llama", parts, consumer="openvino-genai", tokenizer=hfx.zoo.tokenizer())
         >>> sorted(p.name for p in path.glob("openvino_*.xml"))
         ['openvino_detokenizer.xml', 'openvino_model.xml', 'openvino_tokenizer.xml']
+        >>> path = package(tempfile.mkdtemp() + "/llama", parts, consumer="ort-genai", tokenizer=hfx.zoo.tokenizer())
+        >>> sorted(p.name for p in path.glob("*.onnx*")), (path / "genai_config.json").is_file()
+        (['model.onnx', 'model.onnx.data'], True)
     """
     from hfx.backends._common import require
 
