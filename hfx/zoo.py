@@ -552,17 +552,23 @@ _TOKENIZER_CORPUS = (
 
 @functools.cache
 def _tokenizer_json() -> str:
-    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     # Llama's own layout: "▁" marks a space, BPE over the whole text, <unk> <s> </s> first (ids 0, 1, 2,
     # the special tokens of every zoo LlamaConfig).
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    # Trained on words and punctuation apart, as SentencePiece learns Llama's pieces: ONNX Runtime GenAI's
+    # tokenizer splits there before its BPE, so merges across a "▁" or a comma would tokenize otherwise.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split("▁", behavior="merged_with_next"), pre_tokenizers.Punctuation()]
+    )
     tokenizer.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
     trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
     tokenizer.train_from_iterator(_TOKENIZER_CORPUS * 8, trainer)
+    tokenizer.pre_tokenizer = None
     return tokenizer.to_str()
 
 

@@ -168,7 +168,8 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
     if any(part_calls[name] for name in parts) and encoders and split:
         recorded_parts.update({name: (module, part_calls[name][0]) for name, module in parts.items() if part_calls[name]})
     projector_of = {modality: f"{modality}_projector" if len(used) > 1 else "projector" for modality in used}
-    calls = [_with_features_only(_with_2d_mask(call, inputs, index)) for index, call in enumerate(calls)]
+    calls = [_with_step_token_types(_with_features_only(_with_2d_mask(call, inputs, index)))
+             for index, call in enumerate(calls)]
     return Recorded(encoders=encoders, parts=recorded_parts, projectors=projector_of, encoder_inputs=encoder_inputs,
                      calls=calls, length=int(sequences.shape[-1]))
 
@@ -219,6 +220,21 @@ def with_padding_mask(capture: Capture) -> dict[str, Any]:
         inputs["attention_mask"] = mask
     return inputs
 
+
+
+def _with_step_token_types(call: dict[str, Any]) -> dict[str, Any]:
+    """The call with ``mm_token_type_ids`` cut to the step's own tokens, as transformers 5.23 and newer pass it.
+
+    transformers 5.22's ``prepare_inputs_for_generation`` slices ``token_type_ids``
+    to the new tokens but passes ``mm_token_type_ids`` whole (the prompt's and every
+    generated token's), so a decode step would take a growing axis the loop does not
+    build. Decode reads no token types once the M-RoPE deltas are cached, so the
+    step's slice gives the same numbers. Present only when the lengths differ.
+    """
+    types, ids = call.get("mm_token_type_ids"), call.get("input_ids")
+    if not (isinstance(types, torch.Tensor) and isinstance(ids, torch.Tensor) and types.shape[-1] > ids.shape[-1]):
+        return call
+    return {**call, "mm_token_type_ids": types[..., -ids.shape[-1]:]}
 
 
 def _with_features_only(call: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from hfx._package.common import check_text_decoder, refusal, write_configs
+from hfx._package.text_decoder import check_text_decoder, refusal, write_model_files
 from hfx._records import Capture, Components, Exported
 from hfx.backends._executorch import PteProgram, lower_to_pte, pte_bounds
 
@@ -105,12 +105,8 @@ def write_executorch_runner(programs: Components, staging: Path, *, tokenizer: A
     ``model.pte`` is also hfx's own saved component (``hfx.json`` names it as
     component ``decode``), so ``hfx.load`` and ``hfx.generate`` read the same package.
     """
-    from hfx._save import write_saved
-
     decode = decode_program(programs)
-    write_saved(staging, Components(items={"decode": decode}, meta=programs.meta), processor=tokenizer)
-    tokenizer.save_pretrained(staging)
+    write_model_files(staging, Components(items={"decode": decode}, meta=programs.meta), tokenizer=tokenizer)
     if not (staging / "tokenizer.json").is_file():
         raise _refuse(f"{type(tokenizer).__name__} writes no tokenizer.json, the file the runner reads",
                       "Pass a fast tokenizer (AutoTokenizer.from_pretrained(..., use_fast=True)).")
-    write_configs(programs, staging)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hfx._package.common import check_text_decoder, refusal, write_configs
-from hfx._records import Capture, Components, Exported
+from hfx._package.text_decoder import decode_component, write_model_files
+from hfx._records import Components
 from hfx.backends._openvino import STATEFUL_COMPILE_OPTIONS, OvProgram, as_stateful, lower_to_ov
 
 CONSUMER = "openvino-genai"
@@ -29,10 +29,6 @@ EXACT_PROPERTIES = STATEFUL_COMPILE_OPTIONS
 _FED_INPUTS = frozenset({"input_ids", "attention_mask", "position_ids"})
 
 
-def _refuse(reason: str, todo: str) -> ValueError:
-    return refusal(CONSUMER, reason, todo)
-
-
 def decode_program(programs: Components) -> Any:
     """The one OpenVINO program that prefills and decodes (lowered here when given as a ``Capture`` or ``Exported``).
 
@@ -40,23 +36,8 @@ def decode_program(programs: Components) -> Any:
         ValueError: the model is not a text decoder, or its components are not one graph for prompt and steps.
         TypeError: the decode component is a program of another runtime.
     """
-    check_text_decoder(programs, consumer=CONSUMER, pipeline="LLMPipeline")
-    if "decode" not in programs or "prefill" in programs:
-        raise _refuse(f"it needs one graph for the prompt and every step, got components {list(programs)}",
-                      "Decompose with hfx.decompose(multi_token_decode=True).")
-    decode = programs["decode"]
-    if isinstance(decode, Capture | Exported):
-        decode = lower_to_ov(decode)
-    if not isinstance(decode, OvProgram):
-        msg = (f"package for {CONSUMER}: the decode component is a {type(decode).__name__}; give Components of "
-               "Capture, Exported or OvProgram records")
-        raise TypeError(msg)
-    others = sorted({spec.name for spec in decode.io.inputs if not spec.name.startswith("past_key_values.")}
-                    - _FED_INPUTS - {"beam_idx"})
-    if others:
-        raise _refuse(f"the decode graph takes {others}, which LLMPipeline does not feed (it feeds {sorted(_FED_INPUTS)})",
-                      "Capture the model with only input_ids and attention_mask.")
-    return decode
+    return decode_component(programs, consumer=CONSUMER, pipeline="LLMPipeline", fed=_FED_INPUTS | {"beam_idx"},
+                            lower=lower_to_ov, record=OvProgram)
 
 
 def write_openvino_genai(programs: Components, staging: Path, *, tokenizer: Any) -> None:
@@ -69,14 +50,9 @@ def write_openvino_genai(programs: Components, staging: Path, *, tokenizer: Any)
     import openvino as ov
     import openvino_tokenizers
 
-    from hfx._save import write_saved
-
     # Named "model": saved as openvino_model.xml, the file LLMPipeline reads.
     decode = as_stateful(decode_program(programs), stage=f"package for {CONSUMER}", name="model")
-    saved = Components(items={"decode": decode}, meta=programs.meta)
-    write_saved(staging, saved, processor=tokenizer)
+    write_model_files(staging, Components(items={"decode": decode}, meta=programs.meta), tokenizer=tokenizer)
     encoder, decoder = openvino_tokenizers.convert_tokenizer(tokenizer, with_detokenizer=True)
     ov.save_model(encoder, staging / "openvino_tokenizer.xml")
     ov.save_model(decoder, staging / "openvino_detokenizer.xml")
-    tokenizer.save_pretrained(staging)
-    write_configs(programs, staging)

@@ -15,12 +15,14 @@ from hfx._atomic import staged_directory
 from hfx._errors import argument_error
 from hfx._package.executorch_runner import write_executorch_runner
 from hfx._package.openvino_genai import write_openvino_genai
+from hfx._package.ort_genai import write_ort_genai
 from hfx._package.transformers_js import VARIANTS as TRANSFORMERS_JS_VARIANTS
 from hfx._package.transformers_js import write_transformers_js
 from hfx._records import Components
 
 # Consumer name -> the function that writes its files into a staging folder. Read-only: nothing registers here.
 CONSUMERS: Mapping[str, Callable[..., None]] = MappingProxyType({
+    "ort-genai": write_ort_genai,
     "openvino-genai": write_openvino_genai,
     "executorch-runner": write_executorch_runner,
     "transformers.js": write_transformers_js,
@@ -29,6 +31,7 @@ CONSUMERS: Mapping[str, Callable[..., None]] = MappingProxyType({
 _NEEDS: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
     {
         "openvino-genai": (("openvino", "openvino_tokenizers"), "openvino-genai"),
+        "ort-genai": (("onnx", "onnxscript", "onnxruntime"), "onnx"),
         "executorch-runner": (("executorch",), "executorch"),
         "transformers.js": (("onnx", "onnxscript", "onnxruntime"), "onnx"),
     }
@@ -57,6 +60,12 @@ def package(
     loads it. ``programs`` come from ``decompose(multi_token_decode=True)`` of a
     text decoder, as ``Capture``, ``Exported`` or ``OvProgram`` records (the ones
     not yet lowered are lowered here).
+
+    ``"ort-genai"``: ``genai_config.json`` (model type, context length, the
+    decoder's sizes and input and output names, special tokens, search defaults),
+    the decoder graph ``model.onnx`` (+ ``model.onnx.data``), the tokenizer files,
+    ``config.json`` and ``generation_config.json``; ``onnxruntime_genai.Model(directory)``
+    loads it.
 
     ``"transformers.js"``: ``onnx/model.onnx`` (+ ``model.onnx_data``) with
     Transformers.js's names (``past_key_values.N.key`` -> ``present.N.key``),
@@ -104,6 +113,9 @@ def package(
         >>> path = package(tempfile.mkdtemp() + "/llama", parts, consumer="openvino-genai", tokenizer=hfx.zoo.tokenizer())
         >>> sorted(p.name for p in path.glob("openvino_*.xml"))
         ['openvino_detokenizer.xml', 'openvino_model.xml', 'openvino_tokenizer.xml']
+        >>> path = package(tempfile.mkdtemp() + "/llama", parts, consumer="ort-genai", tokenizer=hfx.zoo.tokenizer())
+        >>> sorted(p.name for p in path.glob("*.onnx*")), (path / "genai_config.json").is_file()
+        (['model.onnx', 'model.onnx.data'], True)
     """
     require_consumer(consumer)
     call = "package(directory, programs)"

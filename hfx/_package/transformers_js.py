@@ -25,8 +25,8 @@ from types import MappingProxyType
 from typing import Any
 
 import attrs
-import torch
 
+from hfx._package.text_decoder import decode_component, graph_arguments
 from hfx._records import Capture, Components, Exported, TensorSpec
 
 CONSUMER = "transformers.js"
@@ -76,19 +76,13 @@ def _renamed(specs: tuple[TensorSpec, ...]) -> list[TensorSpec]:
 def _graph(record: Any, fed: frozenset[str], where: str) -> Any:
     """``record`` as an ``OnnxProgram`` (lowered here when a ``Capture`` or ``Exported``), once its inputs are
     known to be ones Transformers.js feeds (checked before the lowering, which is the slow part)."""
-    from hfx._contract import input_keys
-    from hfx._pytree import is_cache
     from hfx.backends._onnx import OnnxProgram, lower_to_onnx
 
     if not isinstance(record, Capture | Exported | OnnxProgram):
         msg = (f"package for {CONSUMER}: the {getattr(record, 'name', '')!r} component is a {type(record).__name__}; "
                "give Components of Capture, Exported or OnnxProgram records")
         raise TypeError(msg)
-    if isinstance(record, Capture):  # its other keyword arguments (use_cache=True ...) become constants of the graph
-        keys = {key for key, value in record.kwargs.items() if isinstance(value, torch.Tensor) or is_cache(value)}
-    else:
-        keys = set(input_keys(record.io))
-    others = sorted(keys - fed)
+    others = sorted(graph_arguments(record) - fed)
     if others:
         raise _refuse(f"the graph takes {others}, which Transformers.js does not feed ({where} feeds {sorted(fed)})",
                       "Capture the model with only the tokenizer's outputs (input_ids, attention_mask).")
@@ -97,21 +91,15 @@ def _graph(record: Any, fed: frozenset[str], where: str) -> Any:
 
 def _decoder(programs: Components) -> Any:
     """The one ONNX graph that prefills and decodes, checked against what Transformers.js feeds it."""
-    meta = programs.meta
-    if meta.generation.is_encoder_decoder or meta.roles.feature_encoders:
-        kind = "an encoder-decoder" if meta.generation.is_encoder_decoder else "a multimodal model"
-        raise _refuse(f"{meta.model.class_name or 'the model'} is {kind}; hfx writes Transformers.js packages of "
-                      "text decoders and encoders", "Package a decoder-only language model or a text encoder.")
-    if "prefill" in programs or len(programs) != 1:
-        raise _refuse(f"it needs one graph for the prompt and every step, got components {list(programs)}",
-                      "Decompose with hfx.decompose(multi_token_decode=True).")
-    cache = meta.roles.cache_input or "past_key_values"
-    program = _graph(programs["decode"], _DECODER_INPUTS | {cache}, "decoder_forward")
+    from hfx.backends._onnx import OnnxProgram, lower_to_onnx
+
+    program = decode_component(programs, consumer=CONSUMER, pipeline="Transformers.js's decoder_forward",
+                               fed=_DECODER_INPUTS, lower=lower_to_onnx, record=OnnxProgram)
     if program.io.updates:
         raise _refuse("the decode graph writes a static cache in place; Transformers.js grows the cache from the "
                       "present.* outputs", "Decompose without a static-cache generation_config.")
     other = sorted(spec.name for spec in program.io.inputs
-                   if spec.name.startswith(f"{cache}.") and not _CACHE_NAME.match(spec.name))
+                   if spec.name.startswith("past_key_values.") and not _CACHE_NAME.match(spec.name))
     if other:
         raise _refuse(f"the cache inputs {other} are not keys and values per layer, which Transformers.js names "
                       "past_key_values.N.key/value", "Package an attention decoder (Llama, Qwen, Mistral, Phi-3 ...).")

@@ -17,17 +17,6 @@ PROMPTS = ["hello world, export once", "the quick brown fox"]
 
 
 @pytest.fixture(scope="module")
-def llama():
-    return zoo.build("llama")
-
-
-@pytest.fixture(scope="module")
-def parts(llama):
-    prompt = zoo.tokenizer()(PROMPTS, return_tensors="pt", padding=True)
-    return pipe(llama, hfx.capture(dict(prompt)), hfx.decompose(multi_token_decode=True))
-
-
-@pytest.fixture(scope="module")
 def package_dir(parts, tmp_path_factory):
     return hfx.package(tmp_path_factory.mktemp("genai") / "llama", parts, consumer="openvino-genai", tokenizer=zoo.tokenizer())
 
