@@ -122,7 +122,7 @@ def test_export_for_consumers_writes_the_packages_their_pipelines_load(tmp_path)
     genai = pytest.importorskip("openvino_genai")
     from hfx._package.openvino_genai import EXACT_PROPERTIES
 
-    consumers = ["openvino-genai", "transformers.js", "executorch-runner"]
+    consumers = ["ort-genai", "openvino-genai", "executorch-runner", "transformers.js"]
     result = hfx_cli("export", "--for", ",".join(consumers), "--static-cache", "64", "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     for consumer in consumers:  # hfx.load + hfx.generate of each package gave eager's tokens
