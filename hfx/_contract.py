@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 from hfx._errors import InputError
 from hfx._pytree import classes_in_spec, registered_caches, spec_caches
-from hfx._upstream import with_installed_fields
+from hfx._upstream import with_installed_fields, with_taken_cache_name
 
 if TYPE_CHECKING:  # _records imports this module: the records' calls run through it
     from hfx._records import IoSpec, TensorSpec
@@ -47,6 +47,7 @@ def flat_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> list[
             program cannot take; the message names the input and the axis.
     """
     keys = input_keys(io)
+    kwargs = with_taken_cache_name(kwargs, keys)
     _check_names(io, keys, kwargs, program)
     leaves, spec = pytree.tree_flatten(((), {k: kwargs[k] for k in keys}))
     if spec != load_spec(io.in_spec):

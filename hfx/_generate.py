@@ -23,7 +23,7 @@ from hfx._contract import input_keys, load_spec
 from hfx._errors import InputError, argument_error
 from hfx._pytree import spec_caches
 from hfx._records import Components, EncoderInputs
-from hfx._upstream import output_cache
+from hfx._upstream import cache_argument, output_cache
 
 _UNSET: Any = object()
 
@@ -37,7 +37,7 @@ def _initial_cache(program: Any, batch: int, key: str) -> Any:
         leaves.append(torch.zeros(shape, dtype=getattr(torch, spec.dtype)))
     with spec_caches(io):
         _, kwargs = pytree.tree_unflatten(leaves, load_spec(io.in_spec))
-    return kwargs.get(key)
+    return kwargs[key] if key in kwargs else kwargs.get(cache_argument(kwargs))
 
 
 def _position_sections(program: Any) -> int:

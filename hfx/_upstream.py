@@ -23,6 +23,7 @@ import functools
 import importlib.metadata
 import re
 import warnings
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -100,6 +101,22 @@ def cache_argument(names: Any) -> str | None:
         ('cache', None)
     """
     return next((name for name in CACHE_NAMES if name in names), None)
+
+
+def with_taken_cache_name(kwargs: Mapping[str, Any], taken: Any) -> Mapping[str, Any]:
+    """``kwargs`` with the cache under the name a program ``taken`` (its arguments) uses, if given under another.
+
+    A program exported with transformers 5.24 takes ``cache``, one of 5.23
+    ``past_key_values``: either is called with either name.
+
+    Example:
+        >>> dict(with_taken_cache_name({"input_ids": 1, "past_key_values": 2}, ["input_ids", "cache"]))
+        {'input_ids': 1, 'cache': 2}
+    """
+    wanted, given = cache_argument(taken), cache_argument(kwargs)
+    if wanted is None or given is None or wanted == given or wanted in kwargs:
+        return kwargs
+    return {(wanted if key == given else key): value for key, value in kwargs.items()}
 
 
 def output_cache(outputs: Any) -> Any:
