@@ -36,6 +36,21 @@ def assert_same_state(model: torch.nn.Module, before: dict[str, torch.Tensor]) -
 
 
 GENERATIVE_MODELS = ("llama", "t5", "whisper", "llava")
+def _cache_argument(model_class: str) -> str:
+    import inspect
+
+    import transformers
+
+    from hfx._upstream import cache_argument
+
+    return cache_argument(inspect.signature(getattr(transformers, model_class).forward).parameters)
+
+
+# The installed transformers' names for the cache argument: 5.24's ``cache``; 5.22/5.23's
+# ``past_key_values`` (attention) and ``cache_params`` (state-space models).
+CACHE_ARGUMENT = _cache_argument("LlamaForCausalLM")
+SSM_CACHE_ARGUMENT = _cache_argument("MambaForCausalLM")
+
 NEW_TOKENS = {"llama": 32, "t5": 16, "whisper": 16, "llava": 16}
 
 

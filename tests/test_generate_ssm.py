@@ -7,7 +7,7 @@ import torch
 
 import hfx
 from hfx import zoo
-from tests.helpers import CAPTURE_SHAPE, eager_tokens
+from tests.helpers import CAPTURE_SHAPE, SSM_CACHE_ARGUMENT, eager_tokens
 
 SSM_MODELS = ("mamba", "mamba2", "bamba")
 NEW_TOKENS = 16
@@ -44,7 +44,7 @@ def test_prompts_shorter_than_the_kernel_and_across_chunks_match_eager(generativ
 
 def test_mamba_decode_takes_the_states_and_no_mask(generative):
     _, parts = generative("mamba")
-    assert parts.meta.roles.cache_input == "cache_params"
+    assert parts.meta.roles.cache_input == SSM_CACHE_ARGUMENT
     names = [spec.name for spec in parts["decode"].io.inputs]
     assert "attention_mask" not in names  # generate() passes attention_mask=None after the prefill
     assert {"cache_params.layers.0.conv_states.0", "cache_params.layers.0.recurrent_states.0"} <= set(names)

@@ -10,7 +10,7 @@ import torch
 
 import hfx
 from hfx import zoo
-from tests.helpers import schema_1_meta
+from tests.helpers import CACHE_ARGUMENT, schema_1_meta
 
 DECOMPOSED = ("llama", "t5", "whisper", "llava", "qwen2_vl")
 
@@ -34,7 +34,7 @@ def test_defaults_describe_a_single_program():
 def test_decompose_fills_each_group(metas):
     llama, whisper, llava, qwen = metas["llama"], metas["whisper"], metas["llava"], metas["qwen2_vl"]
     assert llama.model.class_name == "LlamaForCausalLM" and llama.model.config["model_type"] == "llama"
-    assert llama.roles.cache_input == "past_key_values" and not llama.generation.is_encoder_decoder
+    assert llama.roles.cache_input == CACHE_ARGUMENT and not llama.generation.is_encoder_decoder
     assert whisper.generation.is_encoder_decoder and not whisper.generation.returns_start_token
     assert metas["t5"].generation.returns_start_token and metas["t5"].generation.decoder_start_token_id == 0
     assert dict(llava.roles.feature_encoders) == {"image_encoder": "image"} and dict(llava.roles.projectors) == {"image": "projector"}

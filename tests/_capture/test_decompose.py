@@ -7,7 +7,7 @@ import torch
 
 import hfx
 from hfx import zoo
-from tests.helpers import assert_same_state, state_of
+from tests.helpers import CACHE_ARGUMENT, assert_same_state, state_of
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +21,9 @@ def test_decoder_only_gives_prefill_and_decode(llama_parts):
     assert prefill.kwargs["input_ids"].shape == (2, 5)
     assert decode.kwargs["input_ids"].shape == (2, 1)
     assert decode.kwargs["attention_mask"].shape == (2, 6)
-    assert decode.kwargs["past_key_values"].layers[0].keys.shape[2] == 5
+    assert decode.kwargs[CACHE_ARGUMENT].layers[0].keys.shape[2] == 5
     assert prefill.kwargs["use_cache"] is True and prefill.kwargs["logits_to_keep"] == 1
-    assert llama_parts.meta.roles.cache_input == "past_key_values"
+    assert llama_parts.meta.roles.cache_input == CACHE_ARGUMENT
     assert llama_parts.meta.generation.config["eos_token_id"] == 2
 
 
@@ -47,14 +47,14 @@ def test_a_mask_is_added_when_the_caller_gave_none(models):
 def test_a_one_token_prompt_still_gives_a_past_of_two(models):
     ids = zoo.inputs("llama", batch=1, sequence=1)["input_ids"]
     parts = hfx.decompose(hfx.capture({"input_ids": ids}, models("llama")))
-    assert parts["decode"].kwargs["past_key_values"].layers[0].keys.shape[2] >= 2
+    assert parts["decode"].kwargs[CACHE_ARGUMENT].layers[0].keys.shape[2] >= 2
 
 
 def test_encoder_decoder_gives_encoder_prefill_decode(models):
     parts = hfx.decompose(hfx.capture(zoo.inputs("t5"), zoo.build("t5")))
     assert list(parts) == ["encoder", "prefill", "decode"]
     assert type(parts["encoder"].module).__name__ == "T5Stack"
-    cache = parts["decode"].kwargs["past_key_values"]
+    cache = parts["decode"].kwargs[CACHE_ARGUMENT]
     assert cache.self_attention_cache.layers[0].keys.shape[2] >= 2  # past >= 2: no 0/1 specialisation
     assert parts.meta.generation.is_encoder_decoder and parts.meta.generation.decoder_start_token_id == 0
 

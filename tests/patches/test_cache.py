@@ -12,6 +12,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 import hfx
 from hfx import zoo
 from hfx.patches import default_patches, patch_sliding_window_cache
+from tests.helpers import CACHE_ARGUMENT
 
 METHODS = ("update", "get_mask_sizes", "get_seq_length")
 ORIGINAL = {name: vars(DynamicSlidingWindowLayer)[name] for name in METHODS}
@@ -58,7 +59,7 @@ def test_patched_cache_keeps_every_token_and_gives_eager_tokens(mistral):
 def test_decode_captured_with_the_full_past(mistral):
     parts = hfx.decompose(hfx.capture(zoo.inputs("mistral", batch=2, sequence=PROMPT), mistral))
     decode = parts["decode"].kwargs
-    assert decode["past_key_values"].layers[0].keys.shape[-2] == decode["attention_mask"].shape[-1] - 1
+    assert decode[CACHE_ARGUMENT].layers[0].keys.shape[-2] == decode["attention_mask"].shape[-1] - 1
     _assert_restored()
 
 
