@@ -9,14 +9,18 @@ loads the same weights. Each contender then runs in two fresh processes of this 
 its files from the checkpoint (hfx: capture, decompose, export, quantize, lower, save, each timed) and
 ``run`` opens them and generates greedily: batch 1 with a 128-token prompt and batch 4 left-padded, 32
 new tokens each. Prefill is the time to the first token; decode ms/token is (time for 32 tokens - time
-for 1) / 31, medians of ``--repeats`` runs after a warm-up. Peak RSS is each process's own
-``getrusage`` maximum. Every process uses ``--threads`` threads, set through each runtime's own option
+for 1) / 31, medians of ``--repeats`` runs after a warm-up. Peak RSS is each process's own high-water
+mark (``peak_rss_mb``), of the build and of the run. Every process uses ``--threads`` threads, set through each runtime's own option
 (``pin_threads``). The floor is the checkpoint's weight bytes over the read bandwidth measured in the
 same run, the time a decode step takes to read every weight once.
 
 Writes ``<out>.json`` (every figure) and ``<out>.md`` (the table with the machine, command and date,
-ratios against eager and against ONNX Runtime GenAI) and prints the table. A new contender is one
-row of ``CONTENDERS``.
+ratios against eager and against ONNX Runtime GenAI) after each contender, and prints the table. A new
+contender is one line: an fp32 variant in ``FP32_VARIANTS``, a quantized form in ``benchmarks/_forms.py``
+(shared with ``benchmarks/quantize.py``), another runtime in ``contenders``.
+
+The tiny shape (``--shape tiny``, the zoo's Llama) shows hfx's own per-step overhead, where the runtime's
+work per token is small.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._child import run_json
+from benchmarks._forms import QUANTIZED_FORMS, Form
 
 # Config keyword arguments of each shape; "tiny" is the zoo's Llama (hfx.zoo), where hfx's own per-step overhead shows.
 SHAPES: Mapping[str, dict[str, Any]] = {
@@ -256,17 +261,18 @@ def open_eager(checkpoint: Path, out: Path) -> Generate:
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
+    # No end token, as hfx.generate(eos_token_id=None): min_new_tokens would suppress it and change the argmax.
+    model.generation_config.eos_token_id = None
 
     def generate(prompt: dict[str, list[list[int]]], tokens: int) -> list[list[int]]:
         with torch.no_grad():
-            ids = model.generate(**_tensors(prompt), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+            ids = model.generate(**_tensors(prompt), max_new_tokens=tokens, do_sample=False)
         return _new_rows(ids, prompt, tokens)
 
     return generate
 
 
-Step = tuple[str, str, Mapping[str, Any]]  # (stage name in the table, hfx function, its options)
-CALIBRATE = "calibration"  # an option key whose value is computed: ``hfx.calibration_inputs`` from the model
+Step = tuple[str, Callable[..., Any]]  # (stage name in the table, ``f(value, *, model) -> value``)
 
 
 def build_hfx(checkpoint: Path, out: Path, *, steps: tuple[Step, ...], multi_token: bool) -> dict[str, float]:
@@ -284,19 +290,11 @@ def build_hfx(checkpoint: Path, out: Path, *, steps: tuple[Step, ...], multi_tok
         ("capture", hfx.capture(inputs)),
         ("decompose", hfx.decompose(multi_token_decode=True) if multi_token else hfx.decompose),
         ("export", hfx.export),
-        *((stage, functools.partial(_call_hfx, function, options, model=model)) for stage, function, options in steps),
+        *((name, functools.partial(step, model=model)) for name, step in steps),
         ("save", hfx.save(out)),
     )
     _, seconds = timed_stages(model, stages)
     return seconds
-
-
-def _call_hfx(function: str, options: Mapping[str, Any], value: Any, *, model: Any) -> Any:
-    """``hfx.<function>(value, **options)``, with calibration data made from ``model`` where asked."""
-    import hfx
-
-    options = {**options, CALIBRATE: _calibration(value, model)} if options.get(CALIBRATE) else options
-    return getattr(hfx, function)(value, **options)
 
 
 def open_hfx(checkpoint: Path, out: Path) -> Generate:
@@ -344,13 +342,13 @@ def open_genai(checkpoint: Path, out: Path, *, threads: int) -> Generate:
     def generate(prompt: dict[str, list[list[int]]], tokens: int) -> list[list[int]]:
         ids = np.asarray(prompt["input_ids"], dtype=np.int32)
         params = og.GeneratorParams(model)
+        # GenAI's end token must be a vocabulary id; min_length keeps it generating (and suppresses that id).
         params.set_search_options(max_length=ids.shape[1] + tokens, min_length=ids.shape[1] + tokens,
                                   do_sample=False, batch_size=ids.shape[0])
         generator = og.Generator(model, params)
-        generator.append_tokens(ids)  # the prompt's forward: the first token's logits
-        for _ in range(tokens - 1):
+        generator.append_tokens(ids)
+        for _ in range(tokens):
             generator.generate_next_token()
-        generator.generate_next_token()  # the last new token is picked from the last logits
         return [[int(t) for t in generator.get_sequence(row)[ids.shape[1]:ids.shape[1] + tokens]] for row in range(ids.shape[0])]
 
     return generate
@@ -384,48 +382,53 @@ def _calibration(programs: Any, model: Any) -> Any:
     return hfx.calibration_inputs(model, samples, programs)
 
 
-def _hfx(name: str, runtime: str, *steps: Step, multi_token: bool = False) -> Contender:
-    """An hfx contender: decompose (one graph when ``multi_token``), export, then ``steps``."""
-    build = functools.partial(build_hfx, steps=steps, multi_token=multi_token)
-    return Contender(name=name, runtimes=("torch", runtime) if runtime else ("torch",), build=build, open=open_hfx)
+LOWERINGS: Mapping[str, str | None] = {"pt2": None, "onnx": "lower_to_onnx", "pte": "lower_to_pte", "ov": "lower_to_ov"}
+_LIBRARY = {"pt2": (), "onnx": ("onnxruntime",), "pte": ("executorch",), "ov": ("openvino",)}
 
-
-def _lower(runtime: str, **options: Any) -> Step:
-    return ("lower", {"onnx": "lower_to_onnx", "pte": "lower_to_pte", "ov": "lower_to_ov"}[runtime], options)
-
-
-def _quantize(function: str, **options: Any) -> Step:
-    return ("quantize", function, options)
-
-
-_RUNTIME = {"pt2": "", "onnx": "onnxruntime", "pte": "executorch", "ov": "openvino"}
-
-# The hfx contenders, by runtime: (name suffix, steps after export, one decode graph). Public API defaults
-# throughout, so whatever a lowering does by default is what is measured; a new form is one line.
-HFX_FORMS: Mapping[str, tuple[tuple[str, tuple[Step, ...], bool], ...]] = {
-    "pt2": (("", (), False), ("-1graph", (), True)),
-    "onnx": (
-        ("", (_lower("onnx"),), False),
-        ("-1graph", (_lower("onnx"),), True),
-        ("-dynamic", (_lower("onnx"), _quantize("quantize_onnx", mode="dynamic")), False),
-        ("-static", (_lower("onnx"), _quantize("quantize_onnx", mode="static", calibration=True)), False),
-    ),
-    "pte": (
-        ("", (_lower("pte"),), False),
-        ("-1graph", (_lower("pte"),), True),
-        ("-8da4w", (_quantize("quantize_pt2e", scheme="8da4w"), _lower("pte")), False),
-        ("-8da8w", (_quantize("quantize_pt2e", scheme="8da8w"), _lower("pte")), False),
-        ("-int8", (_quantize("quantize_pt2e", scheme="int8", calibration=True), _lower("pte")), False),
-    ),
-    "ov": (
-        ("", (_lower("ov"),), False),
-        ("-1graph", (_lower("ov"),), True),
-        ("-stateful", (_lower("ov", stateful=True),), True),
-        ("-int8", (_lower("ov"), _quantize("quantize_ov", mode="int8")), False),
-        ("-int4", (_lower("ov"), _quantize("quantize_ov", mode="int4")), False),
-        ("-int8-static", (_lower("ov"), _quantize("quantize_ov", mode="int8-static", calibration=True)), False),
-    ),
+# The fp32 variants of each runtime: (name suffix, lowering options, one decode graph). Everything else is
+# the public API's defaults, so what a lowering does by default is what is measured; a variant is one line.
+FP32_VARIANTS: Mapping[str, tuple[tuple[str, Mapping[str, Any], bool], ...]] = {
+    "pt2": (("", {}, False), ("-1graph", {}, True)),
+    "onnx": (("", {}, False), ("-1graph", {}, True)),
+    "pte": (("", {}, False), ("-1graph", {}, True)),
+    "ov": (("", {}, False), ("-1graph", {}, True), ("-stateful", {"stateful": True}, True)),
 }
+
+
+def _lower(function: str, options: Mapping[str, Any], value: Any, *, model: Any) -> Any:
+    import hfx
+
+    return getattr(hfx, function)(value, **options)
+
+
+def _quantize(form: Form, value: Any, *, model: Any) -> Any:
+    return form.call(value, _calibration(value, model) if form.options.get("calibration") else None)
+
+
+def hfx_steps(runtime: str, lowering: Mapping[str, Any], form: Form | None = None) -> tuple[Step, ...]:
+    """The steps after export: the runtime's lowering with ``lowering`` options, and ``form``'s quantization."""
+    function = LOWERINGS[runtime]
+    lower = () if function is None else (("lower", functools.partial(_lower, function, lowering)),)
+    if form is None:
+        return lower
+    quantize = (("quantize", functools.partial(_quantize, form)),)
+    return (*quantize, *lower) if form.before_lowering else (*lower, *quantize)
+
+
+def _hfx(name: str, runtime: str, steps: tuple[Step, ...], *, multi_token: bool) -> Contender:
+    build = functools.partial(build_hfx, steps=steps, multi_token=multi_token)
+    return Contender(name=name, runtimes=("torch", *_LIBRARY[runtime]), build=build, open=open_hfx)
+
+
+def hfx_contenders() -> list[Contender]:
+    """Per runtime: its fp32 variants, then each quantized form hfx offers for it (``QUANTIZED_FORMS``)."""
+    rows = []
+    for runtime, variants in FP32_VARIANTS.items():
+        rows += [_hfx(f"hfx-{runtime}{suffix}", runtime, hfx_steps(runtime, options), multi_token=multi_token)
+                 for suffix, options, multi_token in variants]
+        rows += [_hfx(f"hfx-{runtime}-{form.slug}", runtime, hfx_steps(runtime, {}, form), multi_token=False)
+                 for form in QUANTIZED_FORMS if form.runtime == runtime]
+    return rows
 
 
 def contenders(threads: int) -> dict[str, Contender]:
@@ -433,8 +436,7 @@ def contenders(threads: int) -> dict[str, Contender]:
     genai = functools.partial(open_genai, threads=threads)
     rows = [
         Contender(name="eager", runtimes=("torch",), build=None, open=open_eager),
-        *(_hfx(f"hfx-{runtime}{suffix}", _RUNTIME[runtime], *steps, multi_token=multi_token)
-          for runtime, forms in HFX_FORMS.items() for suffix, steps, multi_token in forms),
+        *hfx_contenders(),
         Contender(name="ort-genai", runtimes=(), build=functools.partial(build_genai, precision="fp32"), open=genai),
         Contender(name="ort-genai-int4", runtimes=(), build=functools.partial(build_genai, precision="int4"), open=genai),
     ]
