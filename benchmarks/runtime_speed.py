@@ -566,7 +566,8 @@ def header(results: Mapping[str, Any]) -> str:
         f"- versions: {info['versions']}",
         (f"- model: {model['shape']} shape, {model['layers']} layers, {model['parameters'] / 1e6:.1f}M parameters, "
          f"{model['weight_bytes'] / 1e6:.0f} MB of fp32 weights (checkpoint {model['checkpoint_mb']:.0f} MB), random weights"),
-        f"- threads: {results['threads']} per process, every runtime",
+        f"- threads: {results['threads']} per process, every runtime; figures are the best of {results.get('rounds', 1)} "
+        "round(s) of runs",
         f"- floor: {floor_text}",
     ])
 
@@ -587,6 +588,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1, help="run every contender this many times, round-robin; best of")
+    parser.add_argument("--reuse-builds", action="store_true", help="keep builds that --workdir already holds")
     parser.add_argument("--contenders", help="comma-separated names (default: all); see --list")
     parser.add_argument("--list", action="store_true", help="print the contenders' names and exit")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
@@ -625,9 +628,11 @@ def write_results(out: Path, results: Mapping[str, Any]) -> None:
 
 def measure(args: argparse.Namespace, chosen: list[str], work: Path,
             progress: Callable[[Mapping[str, Any]], None]) -> dict[str, Any]:
-    """Write the checkpoint and prompts in ``work``, then build and run each contender in its own processes.
+    """Write the checkpoint and prompts in ``work``, build every contender, then run them all, ``--rounds`` times.
 
-    ``progress`` gets the results so far after each contender, so a long run that is stopped keeps its rows.
+    Builds come first and runs follow back to back, round-robin, so that the load other work puts on the
+    machine drifts as little as possible between contenders; each figure is the best round's.
+    ``progress`` gets the results so far after each step, so a long run that is stopped keeps its rows.
     """
     work.mkdir(parents=True, exist_ok=True)
     checkpoint = work / "checkpoint"
@@ -640,18 +645,22 @@ def measure(args: argparse.Namespace, chosen: list[str], work: Path,
     common = ["--threads", str(args.threads), "--checkpoint", str(checkpoint), "--tokens", str(args.tokens),
               "--repeats", str(args.repeats), "--prompts", str(prompt_file)]
     floor_arguments = ["--child", "floor", *common, "--files", str(work), "--weight-bytes", str(model["weight_bytes"])]
-    floor = measure_floor(floor_arguments, model["weight_bytes"], {}, timeout=args.timeout)
     command = " ".join(shlex.quote(part) for part in ["python", "benchmarks/runtime_speed.py", *sys.argv[1:]])
-    rows: dict[str, Any] = {}
+    rows: dict[str, Any] = {name: {} for name in chosen}
     results = {"command": command, "date": datetime.date.today().isoformat(), "machine": machine(), "model": model,
-               "threads": args.threads, "prompt": args.prompt, "tokens": args.tokens, "prompts": prompt_sets,
-               "floor": floor, "contenders": rows}
+               "threads": args.threads, "prompt": args.prompt, "tokens": args.tokens, "rounds": args.rounds,
+               "prompts": prompt_sets, "floor": {}, "contenders": rows}
+    arguments = {name: [*common, "--contender", name, "--files", str(work / name)] for name in chosen}
     for name in chosen:
-        rows[name] = contender_row(name, [*common, "--contender", name, "--files", str(work / name)], args, model)
-        compare_tokens(rows)
+        rows[name] = built_row(name, arguments[name], args, model, reuse=args.reuse_builds)
         progress(results)
-    results["floor"] = measure_floor(floor_arguments, model["weight_bytes"], floor, timeout=args.timeout)
-    progress(results)
+    for _ in range(args.rounds):
+        results["floor"] = measure_floor(floor_arguments, model["weight_bytes"], results["floor"], timeout=args.timeout)
+        for name in chosen:
+            if "error" not in rows[name]:
+                rows[name] = with_run(rows[name], name, arguments[name], timeout=args.timeout)
+                compare_tokens(rows)
+                progress(results)
     return results
 
 
@@ -662,24 +671,40 @@ def measure_floor(arguments: list[str], weight_bytes: int, before: Mapping[str, 
     return {**best, "decode_ms": weight_bytes / best["bandwidth"] * 1e3} if "bandwidth" in best else best
 
 
-def contender_row(name: str, arguments: list[str], args: argparse.Namespace, model: Mapping[str, Any]) -> dict[str, Any]:
-    """Build (when it has a build) and run one contender, each in a fresh process; its row of results."""
-    built: dict[str, Any] = {}
-    if contenders(args.threads)[name].build is not None:
+def built_row(name: str, arguments: list[str], args: argparse.Namespace, model: Mapping[str, Any], *,
+              reuse: bool) -> dict[str, Any]:
+    """A contender's build in a fresh process (or, with ``reuse``, the one its files' ``build.json`` records)."""
+    if contenders(args.threads)[name].build is None:
+        return {"stages": None, "build_peak_rss_mb": None, "size_mb": model["checkpoint_mb"]}
+    record = Path(arguments[arguments.index("--files") + 1]).with_suffix(".build.json")
+    if reuse and record.is_file():
+        built = json.loads(record.read_text())
+    else:
         print(f"{name}: build", flush=True)
         built = run_json(__file__, ["--child", "build", *arguments], timeout=args.timeout)
         if "error" in built:
             print(f"{name}: build failed: {built['error']}", flush=True)
             return {"error": f"build: {built['error']}"}
+        record.write_text(json.dumps(built))
+    print(f"{name}: built {json.dumps(built)}", flush=True)
+    return {"stages": built["stages"], "build_peak_rss_mb": built["peak_rss_mb"], "size_mb": built["size_mb"]}
+
+
+def with_run(row: Mapping[str, Any], name: str, arguments: list[str], *, timeout: float) -> dict[str, Any]:
+    """``row`` with one more run of the contender in a fresh process: each figure the best so far, tokens the first."""
     print(f"{name}: run", flush=True)
-    ran = run_json(__file__, ["--child", "run", *arguments], timeout=args.timeout)
+    ran = run_json(__file__, ["--child", "run", *arguments], timeout=timeout)
     if "error" in ran:
         print(f"{name}: run failed: {ran['error']}", flush=True)
-        return {"error": f"run: {ran['error']}", "stages": built.get("stages")}
-    row = {"stages": built.get("stages"), "build_peak_rss_mb": built.get("peak_rss_mb"),
-           "size_mb": built.get("size_mb", model["checkpoint_mb"]), **ran}
-    print(f"{name}: {json.dumps({key: value for key, value in row.items() if key != 'runs'})}", flush=True)
-    return row
+        return {**row, "error": f"run: {ran['error']}"}
+    runs = dict(row.get("runs", {}))
+    for batch, run in ran["runs"].items():
+        before = runs.get(batch, run)
+        runs[batch] = {**before, **{key: min(before[key], run[key]) for key in ("prefill_ms", "decode_ms")}}
+    print(f"{name}: {json.dumps({batch: {k: v for k, v in run.items() if k != 'tokens'} for batch, run in runs.items()})}",
+          flush=True)
+    return {**row, "runs": runs, "threads": ran["threads"], "peak_rss_mb": max(row.get("peak_rss_mb") or 0, ran["peak_rss_mb"])}
+
 
 if __name__ == "__main__":
     main()
