@@ -26,8 +26,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import hfx  # noqa: E402
-from benchmarks._forms import QUANTIZED_FORMS  # noqa: E402
+import hfx
+from benchmarks._forms import QUANTIZED_FORMS
 
 
 def build_model(*, hidden: int, layers: int, vocab: int) -> torch.nn.Module:

@@ -508,6 +508,9 @@ def _ratio(value: float | None, base: float | None) -> str:
     return "-" if value is None or not base else f"{value / base:.2f}"
 
 
+STAGES = ("capture", "decompose", "export", "quantize", "lower", "save", "build")  # the table's column order
+
+
 def _figure(rows: Mapping[str, Any], batch: str, name: str, key: str) -> float | None:
     return rows.get(name, {}).get("runs", {}).get(batch, {}).get(key)
 
@@ -541,7 +544,8 @@ def table(results: Mapping[str, Any]) -> str:
                 f"{_ratio(prefill, genai_prefill)} | {_cell(decode, 2)} | {_ratio(decode, eager_decode)} | "
                 f"{_ratio(decode, genai_decode)} | {_cell(row.get('peak_rss_mb'), 0)} | {_cell(row.get('size_mb'), 0)} | "
                 f"{'-' if same is None else 'yes' if same else 'no'} |")
-    stage_names = list(dict.fromkeys(stage for row in rows.values() for stage in row.get("stages") or {}))
+    seen = dict.fromkeys(stage for row in rows.values() for stage in row.get("stages") or {})
+    stage_names = sorted(seen, key=lambda stage: STAGES.index(stage) if stage in STAGES else len(STAGES))
     lines += ["\nExport seconds per stage, and the peak RSS of the export process:\n",
               f"| contender | {' | '.join(stage_names)} | total | export peak RSS MB |",
               "|---|" + "---:|" * (len(stage_names) + 2)]
@@ -565,9 +569,9 @@ def header(results: Mapping[str, Any]) -> str:
         f"- machine: {info['cpu']}, {info['cores']} cores; ISA: {info['isa']}",
         f"- versions: {info['versions']}",
         (f"- model: {model['shape']} shape, {model['layers']} layers, {model['parameters'] / 1e6:.1f}M parameters, "
-         f"{model['weight_bytes'] / 1e6:.0f} MB of fp32 weights (checkpoint {model['checkpoint_mb']:.0f} MB), random weights"),
-        f"- threads: {results['threads']} per process, every runtime; figures are the best of {results.get('rounds', 1)} "
-        "round(s) of runs",
+         f"{model['weight_bytes'] / 1e6:.3g} MB of fp32 weights (checkpoint {model['checkpoint_mb']:.3g} MB), random weights"),
+        (f"- threads: {results['threads']} per process, every runtime; figures are the best of "
+         f"{results.get('rounds', 1)} round(s) of runs"),
         f"- floor: {floor_text}",
     ])
 

@@ -62,7 +62,7 @@ def test_the_table_gives_ratios_to_eager_and_genai_and_marks_tokens():
     assert onnx_row.endswith("| no |")
     assert "| hfx-pte | timed out after 10 s |" in text
     assert "| floor (weight bytes / read bandwidth) | - | - | - | - | 0.50 | 0.25 | 0.12 |" in text
-    assert "| contender | capture | export | lower | save | build | total | export peak RSS MB |" in text
+    assert "| contender | capture | export | lower | save | build | total | export peak RSS MB |" in text  # fixed stage order
 
 
 def test_an_unknown_shape_is_refused():
