@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -93,15 +92,13 @@ def per_runtime(tool: str, seconds: dict[str, float], runtimes: list[str]) -> di
 
 def measure_in_subprocess(tool: str, model_name: str, kind: str, runtimes: list[str]) -> dict[str, float]:
     """One measurement in a fresh interpreter; a failure becomes an empty dict and is printed."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--measure", tool, "--models", model_name,
-               "--kinds", kind, "--runtimes", ",".join(runtimes)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        print(f"  {tool} {model_name} {kind} failed: {tail}", flush=True)
+    from benchmarks._child import run_json
+
+    got = run_json(__file__, ["--measure", tool, "--models", model_name, "--kinds", kind, "--runtimes", ",".join(runtimes)])
+    if "error" in got:
+        print(f"  {tool} {model_name} {kind} failed: {got['error'][:200]}", flush=True)
         return {}
-    return per_runtime(tool, json.loads(lines[-1]), runtimes)
+    return per_runtime(tool, got, runtimes)
 
 
 def _median(runs: list[dict[str, float]], key: str) -> float | None:

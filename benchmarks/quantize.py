@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from toolz import pipe
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 import hfx
+from benchmarks._forms import QUANTIZED_FORMS
 
 
 def build_model(*, hidden: int, layers: int, vocab: int) -> torch.nn.Module:
@@ -75,25 +79,25 @@ def measure(name: str, form: str, program: Any, inputs: dict[str, torch.Tensor],
     return row
 
 
+# The tables' runtime names, and each runtime's fp32 program from the one export.
+_RUNTIMES = {"pte": "executorch", "onnx": "onnxruntime", "ov": "openvino"}
+
+
 def forms(exported: hfx.Exported, calibration: list[dict[str, torch.Tensor]]) -> list[tuple[str, str, Callable[[], Any]]]:
-    """(runtime, form, build) for fp32 and each quantized form of every runtime."""
-    onnx = hfx.lower_to_onnx(exported)
-    ov = hfx.lower_to_ov(exported)
-    return [
-        ("torch.export", "fp32", lambda: exported),
-        ("executorch", "fp32", lambda: hfx.lower_to_pte(exported)),
-        ("executorch", "8da4w", lambda: pipe(exported, hfx.quantize_pt2e(scheme="8da4w"), hfx.lower_to_pte)),
-        ("executorch", "8da8w", lambda: pipe(exported, hfx.quantize_pt2e(scheme="8da8w"), hfx.lower_to_pte)),
-        ("executorch", "int8 static", lambda: pipe(exported, hfx.quantize_pt2e(scheme="int8", calibration=calibration),
-                                                   hfx.lower_to_pte)),
-        ("onnxruntime", "fp32", lambda: onnx),
-        ("onnxruntime", "dynamic int8", lambda: hfx.quantize_onnx(onnx, mode="dynamic")),
-        ("onnxruntime", "static QDQ", lambda: hfx.quantize_onnx(onnx, mode="static", calibration=calibration)),
-        ("openvino", "fp32", lambda: ov),
-        ("openvino", "int8 weights", lambda: hfx.quantize_ov(ov, mode="int8")),
-        ("openvino", "int4 weights", lambda: hfx.quantize_ov(ov, mode="int4")),
-        ("openvino", "int8 static", lambda: hfx.quantize_ov(ov, mode="int8-static", calibration=calibration)),
-    ]
+    """(runtime, form, build) for fp32 and each quantized form of every runtime (``QUANTIZED_FORMS``)."""
+    lower = {"pte": hfx.lower_to_pte, "onnx": hfx.lower_to_onnx, "ov": hfx.lower_to_ov}
+    fp32 = {"onnx": lower["onnx"](exported), "ov": lower["ov"](exported)}  # quantized after lowering: lower once
+    rows = [("torch.export", "fp32", lambda: exported)]
+    for runtime, name in _RUNTIMES.items():
+        rows.append((name, "fp32", lambda runtime=runtime: fp32[runtime] if runtime in fp32 else lower[runtime](exported)))
+        for form in QUANTIZED_FORMS:
+            if form.runtime != runtime:
+                continue
+            if form.before_lowering:
+                rows.append((name, form.label, lambda form=form: lower[form.runtime](form.call(exported, calibration))))
+            else:
+                rows.append((name, form.label, lambda form=form: form.call(fp32[form.runtime], calibration)))
+    return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -1,0 +1,70 @@
+"""The pure helpers of benchmarks/runtime_speed.py: prompts, stage timing, token comparison and the table (no runtime runs)."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from benchmarks import runtime_speed as rs
+
+
+def test_doctests():
+    assert doctest.testmod(rs).failed == 0
+
+
+def test_batch_four_is_left_padded_with_a_token_no_prompt_uses():
+    sets = rs.prompts(50, prompt=16)
+    assert sorted(sets) == ["1", "4"]
+    assert sets["1"]["attention_mask"] == [[1] * 16]
+    for ids, mask in zip(sets["4"]["input_ids"], sets["4"]["attention_mask"]):
+        assert len(ids) == len(mask) == 16
+        padding = mask.index(1)
+        assert ids[:padding] == [rs.PAD] * padding and all(m == 1 for m in mask[padding:])
+        assert all(3 <= token < 50 for token in ids[padding:])
+    assert len({sum(mask) for mask in sets["4"]["attention_mask"]}) == 4
+
+
+def test_timings_subtracts_the_first_token_from_the_whole_run():
+    calls = []
+    got = rs.timings(lambda n: calls.append(n) or [[n]], tokens=5, repeats=2)
+    assert calls == [5, 1, 5, 1, 5]
+    assert got["tokens"] == [[5]] and got["prefill_ms"] >= 0
+
+
+def test_every_contender_has_a_unique_name_and_runtimes_known_to_pin_threads():
+    rows = rs.contenders(1)
+    assert {"eager", "hfx-pt2", "hfx-onnx", "hfx-pte", "hfx-ov", "hfx-ov-stateful", "ort-genai"} <= set(rows)
+    assert all(set(row.runtimes) <= {"torch", "onnxruntime", "executorch", "openvino"} for row in rows.values())
+
+
+def _results():
+    run = {"prefill_ms": 10.0, "decode_ms": 2.0, "tokens": [[1, 2]]}
+    rows = {
+        "eager": {"runs": {"1": run}, "peak_rss_mb": 100.0, "size_mb": 50.0, "stages": None},
+        "hfx-onnx": {"runs": {"1": {**run, "decode_ms": 1.0, "tokens": [[1, 3]]}}, "peak_rss_mb": 120.0,
+                     "size_mb": 51.0, "stages": {"capture": 0.1, "export": 2.0, "lower": 3.0, "save": 0.5}},
+        "ort-genai": {"runs": {"1": {**run, "decode_ms": 4.0}}, "peak_rss_mb": 90.0, "size_mb": 50.0,
+                      "stages": {"build": 1.0}},
+        "hfx-pte": {"error": "timed out after 10 s"},
+    }
+    return {"prompts": {"1": {}}, "prompt": 8, "tokens": 2, "floor": {"decode_ms": 0.5}, "contenders": rows}
+
+
+def test_the_table_gives_ratios_to_eager_and_genai_and_marks_tokens():
+    results = _results()
+    rs.compare_tokens(results["contenders"])
+    assert results["contenders"]["hfx-onnx"]["same_tokens"] == {"1": False}
+    assert results["contenders"]["ort-genai"]["same_tokens"] == {"1": True}
+    text = rs.table(results)
+    onnx_row = next(line for line in text.splitlines() if line.startswith("| hfx-onnx | 5.6 |"))
+    assert onnx_row.split(" | ")[5:8] == ["1.00", "0.50", "0.25"]  # decode ms, vs eager, vs genai
+    assert onnx_row.endswith("| no |")
+    assert "| hfx-pte | timed out after 10 s |" in text
+    assert "| floor (weight bytes / read bandwidth) | - | - | - | - | 0.50 | 0.25 | 0.12 |" in text
+    assert "| contender | capture | export | lower | save | build | total | export peak RSS MB |" in text  # fixed stage order
+
+
+def test_an_unknown_shape_is_refused():
+    with pytest.raises(KeyError):
+        rs.shape_config("llama-7b", None)
