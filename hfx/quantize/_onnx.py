@@ -8,6 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import attrs
 from toolz import curry
 
 from hfx._lift import per_component
@@ -75,7 +76,7 @@ def _quantize(program: Any, /, *, mode: str, calibration: Calibration | None) ->
         except Exception as exc:
             todo = "Try mode='dynamic', or lower with optimize=False and quantize again."
             raise quantization_error(STAGE, "", program.name, exc, todo, log.getvalue()) from exc
-    return OnnxProgram(model=model, io=program.io, name=program.name, opset=program.opset, fixes=program.fixes)
+    return attrs.evolve(program, model=model)  # its io, fixes, fusions, threads and providers
 
 
 def _quantized_model(model: Any, directory: Path, mode: str, feeds: list[dict[str, Any]] | None) -> Any:
