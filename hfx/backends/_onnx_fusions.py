@@ -191,10 +191,15 @@ def _gqa() -> Any:
                                 op.Shape(query, start=0, end=1))
             scale = sdpa.producer().attributes.get("scale")
             extra = {"scale": scale.value} if scale is not None and scale.value is not None else {}
+            batch = op.Shape(query, start=0, end=1)
+            # Every row's block is whole; saying so lets a block of several tokens over a past run at any batch
+            # (without it ONNX Runtime takes such a block at batch 1 only).
+            blocks = [op.Expand(op.Cast(op.Shape(query, start=1, end=2), to=ir.DataType.INT32), batch)] if self._past else []
             out, present_key, present_value = op.GroupQueryAttention(
                 q, k, value, past_key, past_value, seqlens,
                 op.Cast(op.Squeeze(total, op.Constant(value_ints=[0])), to=ir.DataType.INT32),
-                None, None, None, mask, num_heads=heads, kv_num_heads=kv_heads, **extra, _domain=_MS, _outputs=3)
+                None, None, None, mask, *([None] * 5 if blocks else []), *blocks,
+                num_heads=heads, kv_num_heads=kv_heads, **extra, _domain=_MS, _outputs=3)
             if rows is not None:
                 out = op.Mul(out, op.Squeeze(rows, op.Constant(value_ints=[1])))
             return out, present_key, present_value
