@@ -35,7 +35,8 @@ DEFAULT_ATOL = MappingProxyType({"float32": 1e-4, "float16": 1e-2, "bfloat16": 5
 QUANTIZATIONS = MappingProxyType({
     "int8": MappingProxyType({"pte": ("quantize_pt2e", {"scheme": "8da8w"}), "onnx": ("quantize_onnx", {"mode": "dynamic"}),
                               "ov": ("quantize_ov", {"mode": "int8"})}),
-    "int4": MappingProxyType({"pte": ("quantize_pt2e", {"scheme": "8da4w"}), "ov": ("quantize_ov", {"mode": "int4"})}),
+    "int4": MappingProxyType({"pte": ("quantize_pt2e", {"scheme": "8da4w"}), "onnx": ("quantize_onnx", {"mode": "int4"}),
+                              "ov": ("quantize_ov", {"mode": "int4"})}),
 })
 
 

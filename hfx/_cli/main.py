@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--rtol", type=float, default=1e-4,
                         help="plus rtol x the output's largest eager magnitude (default: 1e-4; 0 for --atol alone)")
     export.add_argument("--quantize", choices=list(QUANTIZATIONS),
-                        help="int8: pte 8da8w, onnx dynamic, ov int8; int4: pte 8da4w, ov int4 (no onnx). Compare with a larger --atol")
+                        help="int8: pte 8da8w, onnx dynamic, ov int8; int4: pte 8da4w, onnx int4 (MatMulNBits), ov int4. Compare with a larger --atol")
 
     inspect = commands.add_parser("inspect", parents=[common], help="show what a saved export holds",
                                   description="Show a saved export's components, runtimes, files and sizes, inputs and "

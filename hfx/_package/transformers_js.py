@@ -62,7 +62,7 @@ def transformers_js_names(program: Any) -> Any:
             value.shape = ir.Shape(["batch_size" if str(dim) == "batch" else dim for dim in value.shape])
     io = attrs.evolve(program.io, inputs=_renamed(program.io.inputs), outputs=_renamed(program.io.outputs),
                       updates=[_js_name(name) for name in program.io.updates])
-    return OnnxProgram(model=model, io=io, name="model", opset=program.opset, fixes=program.fixes)
+    return attrs.evolve(program, model=model, io=io, name="model")
 
 
 def _js_name(name: str) -> str:
@@ -114,18 +114,6 @@ def _encoder(programs: Components) -> Any:
     return _graph(next(iter(programs.values())), _ENCODER_INPUTS, "encoder_forward")
 
 
-def _check_variants(variants: tuple[str, ...]) -> None:
-    """Refuse a variant whose ``quantize_onnx`` mode this hfx does not have."""
-    from hfx.quantize._onnx import MODES
-
-    for variant in variants:
-        suffix, mode = VARIANTS[variant]
-        if mode not in MODES:
-            raise _refuse(f"variant {variant!r} (model{suffix}.onnx) needs quantize_onnx's {mode!r} mode (MatMulNBits "
-                          f"int4 weights), which this hfx does not have (modes: {sorted(MODES)})",
-                          "Ask for variants=('q8',), or upgrade hfx.")
-
-
 def _files(stem: str) -> dict[str, str]:
     return {"filename": f"onnx/{stem}.onnx", "data": f"{stem}.onnx_data"}
 
@@ -145,7 +133,6 @@ def write_transformers_js(programs: Components, staging: Path, *, tokenizer: Any
     if not meta.model.config.get("model_type"):
         raise _refuse("no model config (config.json's model_type picks the Transformers.js class)",
                       "Give the Components of hfx.decompose, which record the model's config.")
-    _check_variants(variants)
     decoder = "decode" in programs
     program = transformers_js_names(_decoder(programs) if decoder else _encoder(programs))
     quantized = {variant: quantize_onnx(program, mode=VARIANTS[variant][1]) for variant in dict.fromkeys(variants)}

@@ -1,4 +1,4 @@
-"""The ONNX runtime: ``lower_to_onnx`` and ``OnnxProgram``, run on ONNX Runtime (CPU).
+"""The ONNX runtime: ``lower_to_onnx`` and ``OnnxProgram``, run on ONNX Runtime.
 
 The ONNX model is held as an ``onnx_ir.Model``, the in-memory form that
 ``torch.onnx`` builds and that the onnxscript optimizer, rewriter and version
@@ -7,16 +7,21 @@ is not bound by protobuf's 2 GB limit: ``save_files`` streams the weights to
 ``<name>.onnx.data`` and large models reach ONNX Runtime as files. Use
 ``onnx_ir.to_proto(program.model)`` where an ``onnx.ModelProto`` is needed.
 The exporter's and ONNX Runtime's bugs are worked around by the fixes of
-``_onnx_fixes`` (``ONNX_FIXES``, the ``fixes`` option), wrapped around ``torch.onnx.export``.
+``_onnx_fixes`` (``ONNX_FIXES``, the ``fixes`` option), wrapped around ``torch.onnx.export``;
+the graph then gets ONNX Runtime's fused operators from the fusions of ``_onnx_fusions``
+(``ORT_FUSIONS``, the ``fusions`` option). A session runs on ``threads`` intra-op threads
+and the ``providers`` given (CUDA first when ONNX Runtime has it, then CPU).
 """
 
 from __future__ import annotations
 
 import functools
 import io
+import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -40,6 +45,7 @@ from hfx.backends._common import (
     root_cause,
 )
 from hfx.backends._onnx_fixes import ONNX_FIXES, OnnxFix
+from hfx.backends._onnx_fusions import ORT_FUSIONS, OnnxFusion
 
 RUNTIME = "onnx"
 
@@ -55,7 +61,22 @@ _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 # Logger namespaces whose records a lowering keeps for its error message instead of printing them.
 _QUIET_LOGGERS = ("torch", "onnxscript", "onnx_ir", "onnx")
 
-_PROVIDERS = ("CPUExecutionProvider",)
+_CPU = "CPUExecutionProvider"
+# Used, in this order, when ONNX Runtime has them; the CPU provider runs what the others do not take.
+_PREFERRED_PROVIDERS = ("CUDAExecutionProvider", _CPU)
+
+
+def default_providers() -> tuple[str, ...]:
+    """The execution providers a session uses unless told: CUDA when this ONNX Runtime has it, then CPU."""
+    import onnxruntime as ort
+
+    available = set(ort.get_available_providers())
+    return tuple(p for p in _PREFERRED_PROVIDERS if p in available or p == _CPU)
+
+
+def default_threads() -> int:
+    """The intra-op threads a session uses unless told: the CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -65,8 +86,12 @@ class OnnxProgram:
     ``model`` is an ``onnx_ir.Model`` whose graph inputs and outputs carry the
     names of ``io`` and whose dynamic axes carry hfx's dim names (``batch``,
     ``sequence``). ``fixes`` names the fixes it was lowered with
-    (``lower_to_onnx(fixes=...)``). Calling the program checks the keyword
-    arguments against ``io``, runs the CPU session and returns the model's output structure.
+    (``lower_to_onnx(fixes=...)``) and ``fusions`` counts the fused operators each
+    fusion made (``lower_to_onnx(fusions=...)``; only those that fired). The session
+    runs on ``threads`` intra-op threads (one inter-op thread, sequential) and on
+    ``providers``, in order; ``attrs.evolve(program, threads=1)`` opens a new one.
+    Calling the program checks the keyword arguments against ``io``, runs the
+    session and returns the model's output structure.
     """
 
     model: Any = attrs.field(repr=False)  # onnx_ir.Model
@@ -74,9 +99,19 @@ class OnnxProgram:
     name: str = "model"
     opset: int = MIN_OPSET
     fixes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    _session: Any = attrs.field(
-        init=False, repr=False, default=attrs.Factory(lambda self: _new_session(self.model), takes_self=True)
-    )
+    fusions: Mapping[str, int] = attrs.field(factory=dict, converter=lambda counts: MappingProxyType(dict(counts)))
+    threads: int = attrs.field(factory=default_threads)
+    providers: tuple[str, ...] = attrs.field(factory=default_providers, converter=tuple)
+    _session: Any = attrs.field(init=False, repr=False, default=attrs.Factory(
+        lambda self: _new_session(self.model, threads=self.threads, providers=self.providers), takes_self=True))
+
+    @threads.validator
+    def _check_threads(self, attribute: Any, value: Any) -> None:
+        check_threads("OnnxProgram", value)
+
+    @providers.validator
+    def _check_providers(self, attribute: Any, value: Any) -> None:
+        check_providers("OnnxProgram", value)
 
     def __call__(self, **kwargs: Any) -> Any:
         """Run the model on ``kwargs`` (checked against ``io``); return the eager model's output structure."""
@@ -131,12 +166,19 @@ def lower_to_onnx(
     opset: int = MIN_OPSET,
     optimize: bool = True,
     fixes: tuple[OnnxFix, ...] = ONNX_FIXES,
+    fusions: tuple[OnnxFusion, ...] = ORT_FUSIONS,
+    threads: int | None = None,
+    providers: tuple[str, ...] | None = None,
 ) -> OnnxProgram:
     """Lower ``exported`` to an ONNX model and open an ONNX Runtime session on it.
 
     ``torch.onnx.export`` runs wrapped in ``fixes``, the workarounds of the
     exporter's and ONNX Runtime's bugs (``hfx.backends.ONNX_FIXES``); the program
-    records their names in ``fixes``. The ``Exported`` is not changed; lower it
+    records their names in ``fixes``. ``fusions`` then rewrite the graph to ONNX
+    Runtime's fused operators where their patterns match (decoder LLMs:
+    ``GroupQueryAttention``, ``RotaryEmbedding``, ``SkipSimplifiedLayerNormalization``;
+    ``hfx.backends.ORT_FUSIONS``), keeping the graph's inputs and outputs; the program
+    records how many each made in ``fusions``. The ``Exported`` is not changed; lower it
     again, or to another runtime, at will. ``torch.onnx``'s progress messages, log
     records and warnings are kept for the error message and never reach the console.
 
@@ -148,15 +190,23 @@ def lower_to_onnx(
             (and the fixes before this one) and returns the model with hfx's names; each
             wraps the ones before it. ``ONNX_FIXES`` extended
             (``(*hfx.backends.ONNX_FIXES, my_fix)``) or filtered, or your own.
+        fusions: functions ``fusion(model) -> int`` that rewrite the ``onnx_ir.Model`` in place
+            and return how many places they rewrote, run in order after the fixes;
+            ``ORT_FUSIONS`` by default, ``()`` keeps the graph in standard ONNX ops.
+        threads: the session's intra-op threads; ``None``: ``default_threads()``, the CPUs
+            this process may use.
+        providers: ONNX Runtime execution providers, in order of preference; ``None``:
+            ``default_providers()``, CUDA when this ONNX Runtime has it, then CPU.
 
     Returns:
         An ``OnnxProgram`` callable like the model (``Components`` of them for ``Components``).
 
     Raises:
         ImportError: onnx, onnxscript or onnxruntime is missing (install ``hfx[onnx]``).
-        ValueError: ``opset`` is out of range.
-        TypeError: ``exported`` is neither ``Exported`` nor ``Capture``, or ``fixes`` is not a
-            tuple of callables.
+        ValueError: ``opset`` is out of range, ``threads`` is not a positive int or
+            ``providers`` names one this ONNX Runtime does not have.
+        TypeError: ``exported`` is neither ``Exported`` nor ``Capture``, or ``fixes`` or
+            ``fusions`` is not a tuple of callables.
         LoweringError: torch.onnx or ONNX Runtime failed; names the component and model.
 
     Example:
@@ -176,16 +226,20 @@ def lower_to_onnx(
     require("onnx", "onnxscript", "onnxruntime", extra="onnx")
     check_opset(opset)
     fixes = fixes_option(fixes, stage="lower_to_onnx", option="fixes", default="ONNX_FIXES")
+    fusions = fixes_option(fusions, stage="lower_to_onnx", option="fusions", default="ORT_FUSIONS")
+    threads = default_threads() if threads is None else check_threads("lower_to_onnx", threads)
+    providers = default_providers() if providers is None else check_providers("lower_to_onnx", providers)
     exported = for_runtime(as_exported(exported, stage="lower_to_onnx"))
     with spec_caches(exported.io):
-        model = _to_onnx(exported, opset=opset, optimize=optimize, fixes=fixes)
+        model, fused = _to_onnx(exported, opset=opset, optimize=optimize, fixes=fixes, fusions=fusions)
     try:
-        return OnnxProgram(model=model, io=exported.io, name=exported.name, opset=opset, fixes=fix_names(fixes))
+        return OnnxProgram(model=model, io=exported.io, name=exported.name, opset=opset, fixes=fix_names(fixes),
+                           fusions=fused, threads=threads, providers=providers)
     except Exception as exc:
         what = f"ONNX Runtime could not load the lowered model: {first_line(exc)}."
         todo = (
             "ONNX Runtime's CPU kernels do not cover every dtype and opset (bfloat16 has almost none): "
-            "cast the model to float32, or lower with another opset or optimize=False."
+            "cast the model to float32, or lower with another opset, optimize=False or fusions=()."
         )
         raise _lowering_error(exported, what, todo) from exc
 
@@ -199,8 +253,30 @@ def check_opset(opset: int) -> None:
         raise ValueError(msg)
 
 
-def _to_onnx(exported: Exported, *, opset: int, optimize: bool, fixes: tuple[OnnxFix, ...]) -> Any:
-    """Run ``torch.onnx.export`` on the ExportedProgram, give the graph hfx's names and wrap it all in ``fixes``."""
+def check_threads(stage: str, threads: Any) -> int:
+    """``threads`` if it is a positive int, else a ``ValueError`` naming ``stage``."""
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        msg = f"{stage}: threads must be a positive int (intra-op threads of the ONNX Runtime session), got {threads!r}"
+        raise ValueError(msg)
+    return threads
+
+
+def check_providers(stage: str, providers: Any) -> tuple[str, ...]:
+    """``providers`` as a tuple if each is an execution provider this ONNX Runtime has, else a ``ValueError``."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if isinstance(providers, str) or not providers or any(p not in available for p in providers):
+        msg = (f"{stage}: providers must be a non-empty tuple of ONNX Runtime execution providers among "
+               f"{available}, got {providers!r}")
+        raise ValueError(msg)
+    return tuple(providers)
+
+
+def _to_onnx(exported: Exported, *, opset: int, optimize: bool, fixes: tuple[OnnxFix, ...],
+             fusions: tuple[OnnxFusion, ...]) -> tuple[Any, dict[str, int]]:
+    """Run ``torch.onnx.export`` on the ExportedProgram, give the graph hfx's names and wrap it all in ``fixes``;
+    then run ``fusions`` on the model and return it with the counts of those that fired."""
     log = io.StringIO()
 
     def convert() -> Any:
@@ -227,8 +303,23 @@ def _to_onnx(exported: Exported, *, opset: int, optimize: bool, fixes: tuple[Onn
             "(export(patches=...)) or lower exported.program with torch.onnx.export(custom_translation_table=...)."
         )
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
+    fused = _fused(exported, model, fusions, log)
     _check_contract(exported, model, opset, log.getvalue())
-    return model
+    return model, fused
+
+
+def _fused(exported: Exported, model: Any, fusions: tuple[OnnxFusion, ...], log: io.StringIO) -> dict[str, int]:
+    """Run each of ``fusions`` on ``model`` in place; the names and counts of those that rewrote something."""
+    counts = {}
+    for name, fusion in zip(fix_names(fusions), fusions):
+        try:
+            with _quietly(log):
+                counts[name] = fusion(model)
+        except Exception as exc:
+            what = f"the fusion {name!r} failed: {root_cause(exc)}."
+            todo = "Lower with fusions=() (standard ONNX ops) or without that fusion, and report it to hfx."
+            raise _lowering_error(exported, what, todo, log.getvalue()) from exc
+    return {name: count for name, count in counts.items() if count}
 
 
 def _wrapped(convert: Callable[[], Any], fixes: tuple[OnnxFix, ...]) -> Callable[[], Any]:
@@ -277,25 +368,28 @@ def _name_output_dims(model: Any, io_spec: IoSpec) -> None:
         value.shape = ir.Shape(dims)
 
 
-def _new_session(model: Any) -> Any:
-    """A CPU ``InferenceSession`` on ``model``: from bytes, or from a temporary file for large models."""
+def _new_session(model: Any, *, threads: int, providers: tuple[str, ...]) -> Any:
+    """An ``InferenceSession`` on ``model``: from bytes, or from a temporary file for large models."""
     import onnx_ir as ir
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: ORT's C++ warnings would bypass Python's streams
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     tensors = [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
     folders = {str(t.base_dir) for t in tensors if isinstance(t, ir.ExternalTensor)}
     in_memory = sum(t.nbytes for t in tensors if not isinstance(t, ir.ExternalTensor))
     if in_memory <= _IN_MEMORY_LIMIT and len(folders) <= 1:
         if folders:
             options.add_session_config_entry(_EXTERNAL_FOLDER, folders.pop())
-        return ort.InferenceSession(ir.to_proto(model).SerializeToString(), options, providers=list(_PROVIDERS))
+        return ort.InferenceSession(ir.to_proto(model).SerializeToString(), options, providers=list(providers))
     # Linux keeps memory-mapped weights valid after the files are removed; elsewhere cleanup errors are ignored.
     with tempfile.TemporaryDirectory(prefix="hfx-onnx-", ignore_cleanup_errors=True) as tmp:
         path = Path(tmp) / "model.onnx"
         ir.save(model, path, external_data="model.onnx.data")
-        return ort.InferenceSession(str(path), options, providers=list(_PROVIDERS))
+        return ort.InferenceSession(str(path), options, providers=list(providers))
 
 
 def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> LoweringError:
@@ -316,11 +410,15 @@ def save_files(program: OnnxProgram, directory: Path, *, filename: str = "", dat
     # inline because ONNX Runtime's shape inference cannot read external ones. 64 KiB alignment lets ORT mmap.
     ir.save(program.model, directory / filename, external_data=data, size_threshold_bytes=256, alignment=65536)
     files = [f for f in (filename, Path(filename).with_name(data).as_posix()) if (directory / f).is_file()]
-    return {"files": files, "opset": program.opset, "fixes": list(program.fixes)}
+    return {"files": files, "opset": program.opset, "fixes": list(program.fixes), "fusions": dict(program.fusions)}
 
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> OnnxProgram:
-    """Load a program written by ``save_files``; weights under the in-memory limit are read into memory."""
+    """Load a program written by ``save_files``; weights under the in-memory limit are read into memory.
+
+    The session gets this machine's ``default_threads()`` and ``default_providers()``
+    (``attrs.evolve(program, threads=..., providers=...)`` for others).
+    """
     require("onnx", "onnxscript", "onnxruntime", extra="onnx")
     import onnx_ir as ir
 
@@ -329,4 +427,5 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
     if sum(t.nbytes for t in tensors) <= _IN_MEMORY_LIMIT:
         ir.external_data.load_to_model(model)  # the program then outlives its directory
     opset = int(entry.get("opset", MIN_OPSET))
-    return OnnxProgram(model=model, io=io, name=name, opset=opset, fixes=entry.get("fixes", ()))
+    return OnnxProgram(model=model, io=io, name=name, opset=opset, fixes=entry.get("fixes", ()),
+                       fusions=entry.get("fusions", {}))

@@ -1,4 +1,4 @@
-"""``quantize_onnx``: ONNX Runtime quantization of an ``OnnxProgram`` (dynamic int8, or static QDQ)."""
+"""``quantize_onnx``: ONNX Runtime quantization of an ``OnnxProgram`` (dynamic int8, static QDQ, or int4 weights)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,19 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import attrs
 from toolz import curry
 
 from hfx._lift import per_component
 from hfx.quantize._calibration import Calibration, named_feeds
-from hfx.quantize._common import check_choice, component_samples, quantization_error, quietly, with_quantization
+from hfx.quantize._common import (
+    check_choice,
+    check_positive_int,
+    component_samples,
+    quantization_error,
+    quietly,
+    with_quantization,
+)
 
 STAGE = "quantize_onnx"
 
@@ -20,31 +28,42 @@ MODES: Mapping[str, str] = MappingProxyType(
     {
         "dynamic": "int8 weights per output channel, activations quantized per call (MatMulInteger); no calibration",
         "static": "QDQ int8 weights and activations, activation ranges observed on calibration (MinMax)",
+        "int4": "int4 symmetric weights per block of group_size inputs (MatMulNBits), float32 compute; no calibration",
     }
 )
 
+# MatMulNBits takes blocks of a power of two, at least 16 inputs (ONNX Runtime 1.32's kernels).
+_BLOCK_SIZES = (16, 32, 64, 128, 256)
+
 
 @curry
-def quantize_onnx(program: Any, /, *, mode: str = "dynamic", calibration: Calibration | None = None) -> Any:
+def quantize_onnx(
+    program: Any, /, *, mode: str = "dynamic", calibration: Calibration | None = None, group_size: int = 32
+) -> Any:
     """Quantize an ONNX program with ONNX Runtime's quantizer; return a new ``OnnxProgram``.
 
     ``"dynamic"`` stores int8 weights and quantizes activations at run time;
     ``"static"`` inserts QuantizeLinear/DequantizeLinear pairs (QDQ) whose
-    activation ranges are observed on ``calibration``. The model goes to ONNX
+    activation ranges are observed on ``calibration``; ``"int4"`` stores the
+    weights of every ``MatMul`` with a constant weight (the linears, the LM head)
+    as int4 per block of ``group_size`` inputs, run by ``MatMulNBits`` (ONNX
+    Runtime's ``matmul_nbits_quantizer``, round to nearest). The model goes to ONNX
     Runtime as a file with external data, so models over 2 GB quantize. The
     given program is not changed. ``pipe(model, capture(inputs), lower_to_onnx, quantize_onnx)``.
 
     Args:
         program: an ``OnnxProgram``, or ``Components`` of them.
-        mode: ``"dynamic"`` or ``"static"`` (see ``MODES``).
+        mode: ``"dynamic"``, ``"static"`` or ``"int4"`` (see ``MODES``).
         calibration: input dicts for the model, or ``{component: [input dicts]}``
             (``hfx.calibration_inputs``); required for ``"static"``.
+        group_size: ``"int4"``'s block: how many inputs share a scale (16, 32, 64, 128 or 256).
 
     Returns:
         A new ``OnnxProgram`` with the same ``io`` (``Components`` of them, with ``meta.quantization``).
 
     Raises:
-        ValueError: an unknown ``mode``, or ``"static"`` without calibration.
+        ValueError: an unknown ``mode``, ``"static"`` without calibration, or a ``group_size``
+            MatMulNBits does not take.
         ImportError: onnxruntime is missing (install ``hfx[onnx]``).
         LoweringError: ONNX Runtime's quantizer failed.
 
@@ -55,11 +74,16 @@ def quantize_onnx(program: Any, /, *, mode: str = "dynamic", calibration: Calibr
         torch.Size([5, 8])
     """
     check_choice(STAGE, "mode", mode, MODES)
-    result = per_component(_quantize, name=STAGE)(program, mode=mode, calibration=calibration)
-    return with_quantization(result, {"stage": STAGE, "mode": mode, "calibrated": calibration is not None})
+    check_positive_int(STAGE, "group_size", group_size, "32, 128")
+    if group_size not in _BLOCK_SIZES:
+        msg = f"{STAGE}: group_size must be one of {list(_BLOCK_SIZES)} (MatMulNBits' blocks), got {group_size!r}"
+        raise ValueError(msg)
+    result = per_component(_quantize, name=STAGE)(program, mode=mode, calibration=calibration, group_size=group_size)
+    entry = {"stage": STAGE, "mode": mode, "calibrated": calibration is not None}
+    return with_quantization(result, {**entry, "group_size": group_size} if mode == "int4" else entry)
 
 
-def _quantize(program: Any, /, *, mode: str, calibration: Calibration | None) -> Any:
+def _quantize(program: Any, /, *, mode: str, calibration: Calibration | None, group_size: int) -> Any:
     """One component: the model written to a temporary directory, quantized there and read back into memory."""
     from hfx.backends._common import require
     from hfx.backends._onnx import OnnxProgram
@@ -71,21 +95,24 @@ def _quantize(program: Any, /, *, mode: str, calibration: Calibration | None) ->
     # ONNX Runtime's quantizer logs its advice through the root logger.
     with tempfile.TemporaryDirectory(prefix="hfx-quantize-onnx-") as tmp, quietly("root", "onnxruntime") as log:
         try:
-            model = _quantized_model(program.model, Path(tmp), mode, feeds)
+            model = _quantized_model(program.model, Path(tmp), mode, feeds, group_size)
         except Exception as exc:
             todo = "Try mode='dynamic', or lower with optimize=False and quantize again."
             raise quantization_error(STAGE, "", program.name, exc, todo, log.getvalue()) from exc
-    return OnnxProgram(model=model, io=program.io, name=program.name, opset=program.opset, fixes=program.fixes)
+    return attrs.evolve(program, model=model)  # its io, fixes, fusions, threads and providers
 
 
-def _quantized_model(model: Any, directory: Path, mode: str, feeds: list[dict[str, Any]] | None) -> Any:
+def _quantized_model(model: Any, directory: Path, mode: str, feeds: list[dict[str, Any]] | None,
+                     group_size: int) -> Any:
     """``model`` saved in ``directory``, quantized by ONNX Runtime and loaded back with its weights in memory."""
     import onnx_ir as ir
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
 
     source, target = directory / "model.onnx", directory / "quantized.onnx"
     ir.save(model, source, external_data="model.onnx.data")  # the in-memory model is not changed
-    if mode == "dynamic":
+    if mode == "int4":
+        _int4(source, target, group_size)
+    elif mode == "dynamic":
         quantize_dynamic(source, target, per_channel=True, weight_type=QuantType.QInt8, use_external_data_format=True)
     else:
         quantize_static(
@@ -95,6 +122,21 @@ def _quantized_model(model: Any, directory: Path, mode: str, feeds: list[dict[st
     quantized = ir.load(target)
     ir.external_data.load_to_model(quantized)  # the program outlives the temporary directory
     return quantized
+
+
+def _int4(source: Path, target: Path, group_size: int) -> None:
+    """Write ``source`` with int4 ``MatMulNBits`` weights to ``target``.
+
+    ``accuracy_level`` stays unset: the kernel dequantizes to float32 and multiplies in
+    float32, so the result depends on the weights' rounding alone, the same on AVX2 and
+    AVX-512 CPUs (level 4 quantizes activations to int8 in ISA-specific blocks).
+    """
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), bits=4, block_size=group_size, is_symmetric=True)
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(target), use_external_data_format=True)
 
 
 class _Feeds:

@@ -68,8 +68,8 @@ def test_quantizer_maps_each_scheme_to_the_runtime_stage():
         patch.setattr(hfx, "quantize_ov", lambda program, **options: calls.append((program, options)), raising=False)
         quantizer("int4", "ov")("program")
     assert calls == [("program", {"mode": "int4"})]
-    with pytest.raises(UsageError, match="int4 is not available for onnx: it exists for pte, ov"):
-        quantizer("int4", "onnx")
+    with pytest.raises(UsageError, match="int4 is not available for pt2: it exists for pte, onnx, ov"):
+        quantizer("int4", "pt2")
 
 
 def test_quantizer_says_when_the_stage_is_not_in_this_build(monkeypatch):

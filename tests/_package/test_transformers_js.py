@@ -77,7 +77,7 @@ def root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def llama_dir(parts, decode, root):
     lowered = attrs.evolve(parts, items={"decode": decode})  # the bert package is given a Capture
-    return hfx.package(root / "llama", lowered, consumer="transformers.js", tokenizer=zoo.tokenizer(), variants=("q8",))
+    return hfx.package(root / "llama", lowered, consumer="transformers.js", tokenizer=zoo.tokenizer(), variants=("q8", "q4"))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def node(llama_dir, bert_dir, root):
     job = {
         "root": str(root),
         "generate": [{"key": dtype, "path": str(llama_dir), "dtype": dtype, "prompts": PROMPTS, "new_tokens": NEW_TOKENS}
-                     for dtype in ("fp32", "q8")],
+                     for dtype in ("fp32", "q8", "q4")],
         "extract": [{"key": "bert", "path": str(bert_dir), "texts": TEXTS}],
     }
     (root / "job.json").write_text(json.dumps(job))
@@ -132,15 +132,17 @@ def test_feature_extraction_gives_the_eager_last_hidden_state(bert, wordpiece, n
     torch.testing.assert_close(torch.tensor(got["data"]).reshape(want.shape), want, atol=1e-4, rtol=1e-4)
 
 
-def test_the_q8_variant_is_hfx_dynamic_int8_and_generates_its_tokens(llama_dir, node):
+@pytest.mark.parametrize(("dtype", "stem", "ops"), [("q8", "model_quantized", {"MatMulInteger", "DynamicQuantizeLinear"}),
+                                                    ("q4", "model_q4", {"MatMulNBits"})])
+def test_each_quantized_variant_is_hfx_quantize_onnx_and_generates_its_tokens(llama_dir, node, dtype, stem, ops):
     from hfx.backends._onnx import load_files
 
-    quantized = ir.load(llama_dir / "onnx" / "model_quantized.onnx")
-    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= {node.op_type for node in quantized.graph}
-    # Transformers.js's q8 tokens are those of the same file run by hfx (ONNX Runtime in Python), not eager's.
+    quantized = ir.load(llama_dir / "onnx" / f"{stem}.onnx")
+    assert ops <= {node.op_type for node in quantized.graph}
+    # Transformers.js's quantized tokens are those of the same file run by hfx (ONNX Runtime in Python), not eager's.
     loaded = hfx.load(llama_dir)
-    program = load_files({"files": ["onnx/model_quantized.onnx"]}, llama_dir, name="decode", io=loaded["decode"].io)
-    for prompt, tokens in zip(PROMPTS, node["generate"]["q8"], strict=True):
+    program = load_files({"files": [f"onnx/{stem}.onnx"]}, llama_dir, name="decode", io=loaded["decode"].io)
+    for prompt, tokens in zip(PROMPTS, node["generate"][dtype], strict=True):
         ids = dict(zoo.tokenizer()(prompt, return_tensors="pt"))
         # No EOS stop: Transformers.js was asked for min_new_tokens, and none of these argmaxes is EOS.
         out = hfx.generate(ids, attrs.evolve(loaded, items={"decode": program}), max_new_tokens=NEW_TOKENS, eos_token_id=None)
@@ -209,8 +211,6 @@ def test_transformers_js_refuses_what_it_cannot_load(parts, bert, tmp_path):
     t5 = pipe(zoo.build("t5"), hfx.capture(zoo.inputs("t5")), hfx.decompose(multi_token_decode=True))
     with pytest.raises(ValueError, match=r"transformers.js: .*encoder-decoder"):
         package(tmp_path / "b", t5)
-    with pytest.raises(ValueError, match=r"transformers.js: variant 'q4' .*needs quantize_onnx's 'int4' mode.*variants=\('q8',\)"):
-        hfx.package(tmp_path / "c", parts, consumer="transformers.js", tokenizer=zoo.tokenizer(), variants=("q4",))
     with pytest.raises(ValueError, match=r"transformers.js: no variants \['int3'\]; transformers.js takes \['q4', 'q8'\]"):
         hfx.package(tmp_path / "d", parts, consumer="transformers.js", tokenizer=zoo.tokenizer(), variants=("int3",))
     with pytest.raises(ValueError, match=r"openvino-genai: no variants \['q8'\]; openvino-genai takes none"):

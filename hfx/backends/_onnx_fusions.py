@@ -1,0 +1,226 @@
+"""ONNX Runtime's fused operators in hfx's ONNX graphs: the fusions ``lower_to_onnx`` runs (``ORT_FUSIONS``).
+
+A fusion (``OnnxFusion``) rewrites an ``onnx_ir.Model`` in place and returns how
+many places it rewrote; ``lower_to_onnx(fusions=...)`` runs them in order after the
+fixes and records the counts of those that fired in ``OnnxProgram.fusions``. A graph
+without the pattern (an encoder, a vision tower) is left as it is, so the defaults
+apply wherever they match: decoder LLMs get ``SimplifiedLayerNormalization``,
+``SkipSimplifiedLayerNormalization``, ``RotaryEmbedding`` and ``GroupQueryAttention``,
+other attentions ``MultiHeadAttention`` (all in ONNX Runtime's ``com.microsoft``
+domain, so the fused graph runs on ONNX Runtime only).
+
+The normalization, rotary and attention patterns are onnxscript's ORT fusion rules
+(``onnxscript.rewriter.ort_fusions``). Two steps are hfx's own, because hfx's graphs
+keep the calling contract of the eager model (``attention_mask`` and ``position_ids``
+in, a left-padded batch allowed) where onnxscript's GQA rule assumes ONNX Runtime
+GenAI's right-padded one (``seqlens_k`` from the largest position id, the mask dropped):
+
+* ``rotary_embedding``: the rotary's cos/sin are computed per token from ``position_ids``
+  in the graph, as eager does; they become the (B * S, D / 2) tables of ONNX Runtime's
+  ``RotaryEmbedding``, read at the positions 0 .. B * S - 1, which is exact for any
+  rope variant (scaled, dynamic) and needs no largest position.
+* ``attention``: ``GroupQueryAttention`` reads the graph's own additive
+  mask as ``attention_bias`` (padding, causality, sliding windows as eager built
+  them) and sees every row as full (``seqlens_k = T - 1``, ``T`` the mask's last
+  axis), so the cache layout stays hfx's (B, Hkv, T, D), left padding included. The
+  rotary stays a separate ``RotaryEmbedding`` on the (B, S, H * D) projections
+  (``do_rotary=0``): GQA's own rotary reads one position per row for a prompt,
+  which a left-padded row does not have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+# A fusion: rewrites the model in place, returns the number of places it rewrote.
+OnnxFusion = Callable[[Any], int]
+
+_MS = "com.microsoft"
+_FUSION = "ai.onnxruntime._fusion"  # onnxscript's intermediate functions, inlined when unused
+
+
+def _shape_inference(model: Any) -> None:
+    import onnx_ir.passes.common as common_passes
+
+    common_passes.ShapeInferencePass()(model)
+
+
+def rms_normalization(model: Any, /) -> int:
+    """``SimplifiedLayerNormalization`` for RMSNorm (onnxscript's rule), after shape inference."""
+    from onnxscript.optimizer import optimize
+    from onnxscript.rewriter.ort_fusions.rms_normalization import fuse_rms_normalization
+
+    _shape_inference(model)
+    optimize(model)
+    return fuse_rms_normalization(model)
+
+
+def skip_rms_normalization(model: Any, /) -> int:
+    """``SkipSimplifiedLayerNormalization`` for a residual add followed by an RMSNorm (onnxscript's rule)."""
+    from onnxscript.rewriter.ort_fusions.skip_normalization import fuse_skip_rms_normalization
+
+    return fuse_skip_rms_normalization(model)
+
+
+def rotary_embedding(model: Any, /) -> int:
+    """ONNX Runtime's ``RotaryEmbedding`` for ``x * cos + rotate_half(x) * sin``, with per-token tables."""
+    from onnxscript.rewriter.ort_fusions.rotary_embedding import fuse_partial_rotary_embedding, fuse_rotary_embedding
+
+    if not fuse_rotary_embedding(model):
+        return 0
+    import onnx_ir.passes.common as common_passes
+
+    count = _rotary_tables().apply_to_model(model)
+    common_passes.CommonSubexpressionEliminationPass()(model)  # one set of tables for every layer
+    fuse_partial_rotary_embedding(model)
+    return count
+
+
+def attention(model: Any, /) -> int:
+    """``GroupQueryAttention`` for rotary, the cache concatenation, the head repeat and SDPA (see the module);
+    ``MultiHeadAttention`` for the other scaled dot-product attentions (onnxscript's rules)."""
+    from onnxscript.rewriter.ort_fusions.sdpa import fuse_sdpa
+    from onnxscript.rewriter.ort_fusions.sdpa_via_mha import replace_sdpa_by_mha
+
+    if not fuse_sdpa(model):
+        return 0
+    _shape_inference(model)
+    count = _gqa().apply_to_model(model) + replace_sdpa_by_mha(model)
+    left = [node.name for node in model.graph.all_nodes() if node.domain == _FUSION and node.op_type == "SDPA"]
+    if left:
+        msg = f"no fused attention operator fits the attention of {left} (heads unknown?)"
+        raise ValueError(msg)
+    return count
+
+
+def _rotary_tables() -> Any:
+    """The rule that turns onnxscript's ``RotaryEmbedding(x, cos4d, sin4d)`` into ONNX Runtime's, with tables."""
+    from onnxscript.rewriter import pattern
+
+    class RotaryTables(pattern.RewriteRuleClassBase):
+        def __init__(self) -> None:
+            super().__init__("RotaryTables", remove_nodes=False)  # the cos/sin are shared by every layer
+
+        def pattern(self, op: Any, x: Any, freqs: Any, interleaved: Any, num_heads: Any) -> Any:
+            emb = op.Concat(freqs, freqs, axis=-1)
+            cos, sin = op.Unsqueeze(op.Cos(emb), [1]), op.Unsqueeze(op.Sin(emb), [1])
+            return op.RotaryEmbedding(x, cos, sin, interleaved=interleaved, num_heads=num_heads, _domain=_FUSION)
+
+        def check(self, context: Any, freqs: Any, **_: Any) -> Any:
+            if freqs.shape is None or freqs.shape.rank() != 3 or not isinstance(freqs.shape[2], int):
+                return pattern.MatchResult().fail("the rotary angles are not (batch, sequence, half) with a known half", freqs)
+            return True
+
+        def rewrite(self, op: Any, x: Any, freqs: Any, interleaved: Any, num_heads: Any, **_: Any) -> Any:
+            half = freqs.shape[2]
+            rows = op.Shape(freqs, start=0, end=2)
+            positions = op.Reshape(op.Range(op.Constant(value_int=0), op.ReduceProd(rows, keepdims=0),
+                                            op.Constant(value_int=1)), rows)
+            # Angles of one row (positions computed in the graph) serve the whole batch, as they broadcast in eager.
+            positions = op.Expand(positions, op.Concat(op.Shape(x, start=0, end=1), op.Shape(freqs, start=1, end=2),
+                                                       axis=0))
+            table = op.Constant(value_ints=[-1, half])
+            return op.RotaryEmbedding(x, positions, op.Reshape(op.Cos(freqs), table), op.Reshape(op.Sin(freqs), table),
+                                      interleaved=interleaved.value, num_heads=num_heads.value, _domain=_MS)
+
+    return pattern.RewriteRuleSet([RotaryTables.rule()])
+
+
+def _gqa() -> Any:
+    """The rule from rotary + cache concat + repeat_kv + SDPA (+ the zeroing of fully masked rows) to GQA."""
+    import onnx_ir as ir
+    from onnxscript.rewriter import pattern
+
+    def split_heads(op: Any, x: Any, name: str) -> Any:
+        return op.Transpose(op.Reshape(x, pattern.ANY_VALUE, _outputs=[name]), perm=[0, 2, 1, 3])
+
+    def repeated(op: Any, cache: Any) -> Any:
+        return op.Reshape(op.Expand(op.Unsqueeze(cache, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE)
+
+    class GroupQueryAttention(pattern.RewriteRuleClassBase):
+        def __init__(self, *, past: bool, row_mask: bool) -> None:
+            super().__init__(f"GQA(past={past}, row_mask={row_mask})", remove_nodes=False)
+            self._past, self._row_mask = past, row_mask
+
+        def pattern(self, op: Any, query: Any, key: Any, value: Any, past_key: Any, past_value: Any,
+                    q_positions: Any, k_positions: Any, cos: Any, sin: Any, mask: Any, rows: Any) -> Any:
+            # Two position inputs: a batch-broadcast table is expanded to each input's batch separately.
+            q = op.RotaryEmbedding(split_heads(op, query, "q_heads"), q_positions, cos, sin, _domain=_MS,
+                                   _outputs=["q_rope"])
+            k = op.RotaryEmbedding(split_heads(op, key, "k_heads"), k_positions, cos, sin, _domain=_MS,
+                                   _outputs=["k_rope"])
+            v = split_heads(op, value, "v_heads")
+            keys = op.Concat(past_key, k, axis=-2) if self._past else k
+            values = op.Concat(past_value, v, axis=-2) if self._past else v
+            attention = op.SDPA(q, repeated(op, keys), repeated(op, values), mask, key_format="BHSd",
+                                _domain=_FUSION, _outputs=["sdpa"])
+            if self._row_mask:
+                attention = op.Mul(attention, rows)
+            attention = pattern.OrValue([attention, op.Reshape(attention, pattern.ANY_VALUE)])  # a no-op view
+            out = op.Reshape(op.Transpose(attention, perm=[0, 2, 1, 3]), pattern.ANY_VALUE)
+            return out, keys, values
+
+        def check(self, context: Any, q_heads: Any, k_heads: Any, q_rope: Any, k_rope: Any, mask: Any,
+                  rows: Any = None, **_: Any) -> Any:
+            result = pattern.MatchResult()
+            heads = [v.shape[2] if v.shape is not None and v.shape.rank() == 4 else None for v in (q_heads, k_heads)]
+            if not all(isinstance(h, int) for h in heads) or heads[0] % heads[1]:
+                return result.fail("the query and key/value head counts are not known integers, or do not divide", q_heads)
+            if dict(q_rope.producer().attributes).keys() - {"interleaved", "num_heads", "rotary_embedding_dim"}:
+                return result.fail("a rotary attribute GQA's inputs cannot carry", q_rope)
+            if _rotary_attrs(q_rope) != _rotary_attrs(k_rope):
+                return result.fail("the query and key rotaries differ", [q_rope, k_rope])
+            if mask.dtype != q_heads.dtype or mask.shape is None or mask.shape.rank() != 4:
+                return result.fail("the mask is not an additive (B, 1, S, T) bias of the query's dtype", mask)
+            if rows is not None and (rows.shape is None or rows.shape.rank() != 4 or rows.shape[1] != 1
+                                     or rows.shape[3] != 1):
+                return result.fail("the row mask is not (B, 1, S, 1)", rows)
+            self._heads = heads
+            return result
+
+        def rewrite(self, op: Any, query: Any, key: Any, value: Any, q_positions: Any, k_positions: Any, cos: Any,
+                    sin: Any, mask: Any, q_rope: Any, sdpa: Any, past_key: Any = None, past_value: Any = None,
+                    rows: Any = None, **_: Any) -> Any:
+            heads, kv_heads = self._heads
+            rotary = _rotary_attrs(q_rope)
+            q = op.RotaryEmbedding(query, q_positions, cos, sin, num_heads=heads, **rotary, _domain=_MS)
+            k = op.RotaryEmbedding(key, k_positions, cos, sin, num_heads=kv_heads, **rotary, _domain=_MS)
+            total = op.Shape(mask, start=-1)
+            seqlens = op.Expand(op.Cast(op.Sub(total, op.Constant(value_ints=[1])), to=ir.DataType.INT32),
+                                op.Shape(query, start=0, end=1))
+            scale = sdpa.producer().attributes.get("scale")
+            extra = {"scale": scale.value} if scale is not None and scale.value is not None else {}
+            batch = op.Shape(query, start=0, end=1)
+            # Every row's block is whole; saying so lets a block of several tokens over a past run at any batch
+            # (without it ONNX Runtime takes such a block at batch 1 only).
+            blocks = [op.Expand(op.Cast(op.Shape(query, start=1, end=2), to=ir.DataType.INT32), batch)] if self._past else []
+            out, present_key, present_value = op.GroupQueryAttention(
+                q, k, value, past_key, past_value, seqlens,
+                op.Cast(op.Squeeze(total, op.Constant(value_ints=[0])), to=ir.DataType.INT32),
+                None, None, None, mask, *([None] * 5 if blocks else []), *blocks,
+                num_heads=heads, kv_num_heads=kv_heads, **extra, _domain=_MS, _outputs=3)
+            if rows is not None:
+                out = op.Mul(out, op.Squeeze(rows, op.Constant(value_ints=[1])))
+            return out, present_key, present_value
+
+    rules = [GroupQueryAttention.rule(past=past, row_mask=row_mask) for past in (True, False) for row_mask in (True, False)]
+    return pattern.RewriteRuleSet(rules)
+
+
+def _rotary_attrs(value: Any) -> dict[str, Any]:
+    """The attributes of the ``RotaryEmbedding`` that made ``value``, but its head count, as plain values."""
+    return {name: attr.value for name, attr in value.producer().attributes.items() if name != "num_heads"}
+
+
+def cleanup(model: Any, /) -> int:
+    """Inline the unused intermediate functions of the rules and drop the nodes they left dead (counts nothing)."""
+    from onnxscript.optimizer import optimize
+
+    optimize(model)
+    return 0
+
+
+# The fusions ``lower_to_onnx`` runs, in order; each reads what the ones before it made.
+ORT_FUSIONS: tuple[OnnxFusion, ...] = (rms_normalization, skip_rms_normalization, rotary_embedding, attention,
+                                       cleanup)

@@ -1,0 +1,151 @@
+"""ORT_FUSIONS: ONNX Runtime's fused operators in hfx's decoder graphs, op by op, with eager's values and tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+
+import hfx  # noqa: E402
+from hfx import zoo  # noqa: E402
+from hfx.backends import ORT_FUSIONS  # noqa: E402
+from hfx._generate import _initial_cache  # noqa: E402
+from hfx.backends._onnx import default_providers, default_threads  # noqa: E402
+from tests.helpers import NEW_SHAPE, eager_tokens  # noqa: E402
+
+DECODERS = ("llama", "qwen2", "mistral")  # mistral: a sliding window shorter than the prompts
+FUSED = {"GroupQueryAttention", "RotaryEmbedding", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
+# Per graph of the zoo's 2-layer decoders: 2 input norms, 2 post-attention norms and the final norm (the first
+# fused alone, the others with the residual add before them), q and k rotated in each layer, one GQA per layer.
+COUNTS = {"rms_normalization": 5, "skip_rms_normalization": 4, "rotary_embedding": 4, "attention": 2}
+
+
+@pytest.fixture(scope="module")
+def lowered(models):
+    """``(model, programs)`` per decoder and decomposition, lowered once per module."""
+    cache: dict[tuple[str, bool], tuple[torch.nn.Module, hfx.Components]] = {}
+
+    def get(name: str, multi_token_decode: bool = False) -> tuple[torch.nn.Module, hfx.Components]:
+        if (name, multi_token_decode) not in cache:
+            model = models(name)
+            parts = hfx.decompose(hfx.capture(zoo.inputs(name), model), multi_token_decode=multi_token_decode)
+            cache[name, multi_token_decode] = model, hfx.lower_to_onnx(parts)
+        return cache[name, multi_token_decode]
+
+    return get
+
+
+def _ops(program) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in program.model.graph:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_decoder_graphs_hold_the_fused_operators(lowered, name):
+    _, programs = lowered(name)
+    for program in programs.values():
+        ops = _ops(program)
+        assert FUSED <= set(ops), (program.name, ops)
+        assert ops["GroupQueryAttention"] == 2 and ops["RotaryEmbedding"] == 4, ops
+        assert not {"Softmax", "Pow", "ReduceMean", "Neg", "Trilu"} & set(ops), ops  # nothing left unfused
+        assert program.fusions == COUNTS
+        assert [v.name for v in program.model.graph.outputs] == list(program.io.output_names)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_generate_gives_eager_tokens_over_left_padding(lowered, name):
+    model, programs = lowered(name)
+    inputs = zoo.inputs(name, **NEW_SHAPE)  # another batch and length than the capture, row 0 left-padded
+    assert int(inputs["attention_mask"][0].sum()) < NEW_SHAPE["sequence"]
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=16), eager_tokens(model, inputs, 16))
+
+
+def test_prefill_logits_and_cache_match_eager(lowered):
+    model, programs = lowered("llama")
+    inputs = zoo.inputs("llama", **NEW_SHAPE)
+    prefill = programs["prefill"]
+    positions = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    got = prefill(**inputs, position_ids=positions, past_key_values=_initial_cache(prefill, NEW_SHAPE["batch"],
+                                                                                   "past_key_values"))
+    with torch.no_grad():
+        want = model(**inputs, position_ids=positions, use_cache=True)
+    torch.testing.assert_close(got.logits[:, -1], want.logits[:, -1], atol=1e-4, rtol=0)
+    valid = inputs["attention_mask"].bool()[:, None, :, None]  # padded positions' keys are never read
+    for layer, (ours, theirs) in enumerate(zip(got.past_key_values.layers, want.past_key_values.layers)):
+        torch.testing.assert_close(ours.keys * valid, theirs.keys * valid, atol=1e-5, rtol=0, msg=f"layer {layer}")
+        torch.testing.assert_close(ours.values * valid, theirs.values * valid, atol=1e-5, rtol=0)
+
+
+def test_multi_token_decode_takes_a_block_over_a_past(lowered):
+    model, programs = lowered("llama", multi_token_decode=True)
+    decode = programs["decode"]
+    assert set(_ops(decode)) >= FUSED
+    inputs = zoo.inputs("llama", batch=2, sequence=12)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        want = model(**inputs, position_ids=positions).logits
+        past = model(input_ids=ids[:, :8], attention_mask=mask[:, :8], position_ids=positions[:, :8]).past_key_values
+    got = decode(input_ids=ids[:, 8:], attention_mask=mask, position_ids=positions[:, 8:], past_key_values=past)
+    torch.testing.assert_close(got.logits, want[:, 8:], atol=1e-4, rtol=0)  # 4 tokens at once over 8, batch 2
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=12), eager_tokens(model, inputs, 12))
+
+
+def test_no_fusions_keeps_standard_onnx(exported):
+    program = hfx.lower_to_onnx(exported("llama"), fusions=())
+    assert program.fusions == {}
+    assert all(node.domain in ("", "ai.onnx") for node in program.model.graph)
+
+
+def test_a_failing_fusion_is_a_lowering_error_naming_it(exported):
+    def broken(model):
+        raise RuntimeError("no pattern today")
+
+    with pytest.raises(hfx.LoweringError, match=r"the fusion 'broken' failed: .*no pattern today.*fusions=\(\)"):
+        hfx.lower_to_onnx(exported("llama"), fusions=(*ORT_FUSIONS, broken))
+
+
+def test_fusions_are_saved_and_loaded(lowered, tmp_path):
+    _, programs = lowered("llama")
+    loaded = hfx.load(hfx.save(tmp_path / "llama", programs))
+    assert {name: dict(p.fusions) for name, p in loaded.items()} == {name: COUNTS for name in programs}
+
+
+# --- threads and providers ----------------------------------------------------------------------
+
+
+def test_sessions_run_on_the_given_threads_and_providers(exported):
+    program = hfx.lower_to_onnx(exported("llama"), threads=1, providers=("CPUExecutionProvider",), fusions=())
+    options = program._session.get_session_options()
+    assert (program.threads, options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1, 1)
+    assert program._session.get_providers() == ["CPUExecutionProvider"]
+    import attrs
+
+    wider = attrs.evolve(program, threads=2)
+    assert wider._session.get_session_options().intra_op_num_threads == 2
+    inputs = zoo.inputs("llama", **NEW_SHAPE)
+    assert torch.equal(wider(**inputs).logits, program(**inputs).logits)
+
+
+def test_default_threads_and_providers_are_explicit(exported):
+    program = hfx.lower_to_onnx(exported("llama"), fusions=())
+    import onnxruntime
+
+    assert program.threads == default_threads() >= 1
+    assert program._session.get_session_options().intra_op_num_threads == program.threads
+    cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    assert program.providers == default_providers() == (("CUDAExecutionProvider",) if cuda else ()) + ("CPUExecutionProvider",)
+
+
+@pytest.mark.parametrize(("option", "value", "match"), [
+    ("threads", 0, "threads must be a positive int"),
+    ("threads", True, "threads must be a positive int"),
+    ("providers", ("NoSuchExecutionProvider",), "providers must be a non-empty tuple of ONNX Runtime execution providers"),
+    ("providers", "CPUExecutionProvider", "providers must be a non-empty tuple"),
+])
+def test_bad_threads_or_providers_are_value_errors(exported, option, value, match):
+    with pytest.raises(ValueError, match=f"lower_to_onnx: {match}"):
+        hfx.lower_to_onnx(exported("llama"), **{option: value})
