@@ -73,10 +73,33 @@ def _renamed(specs: tuple[TensorSpec, ...]) -> list[TensorSpec]:
     return [attrs.evolve(spec, name=_js_name(spec.name)) for spec in specs]
 
 
+def lowered_for_node(record: Any) -> Any:
+    """``record`` lowered with the fusions onnxruntime-node runs: every default one but the attention fusion.
+
+    Transformers.js 4.3.2 runs graphs on onnxruntime-node 1.30, whose ``GroupQueryAttention``
+    takes 16 inputs; hfx's attention fusion writes ONNX Runtime 1.32's form with 17
+    (``query_seqlens``), which node refuses to load ("input size 17 not in range").
+    """
+    from hfx.backends._onnx import lower_to_onnx
+    from hfx.backends._onnx_fusions import ORT_FUSIONS, attention
+
+    return lower_to_onnx(record, fusions=tuple(fusion for fusion in ORT_FUSIONS if fusion is not attention))
+
+
+def _runs_in_node(program: Any) -> Any:
+    """``program`` once it holds no fused attention, which onnxruntime-node 1.30 cannot load (see ``lowered_for_node``)."""
+    if program.fusions.get("attention"):
+        raise _refuse("the graph holds ONNX Runtime 1.32's fused GroupQueryAttention/MultiHeadAttention, which "
+                      "Transformers.js's onnxruntime-node (1.30) cannot load",
+                      "Give the Exported (hfx lowers it for node), or lower with every fusion in "
+                      "hfx.backends.ORT_FUSIONS but attention.")
+    return program
+
+
 def _graph(record: Any, fed: frozenset[str], where: str) -> Any:
     """``record`` as an ``OnnxProgram`` (lowered here when a ``Capture`` or ``Exported``), once its inputs are
     known to be ones Transformers.js feeds (checked before the lowering, which is the slow part)."""
-    from hfx.backends._onnx import OnnxProgram, lower_to_onnx
+    from hfx.backends._onnx import OnnxProgram
 
     if not isinstance(record, Capture | Exported | OnnxProgram):
         msg = (f"package for {CONSUMER}: the {getattr(record, 'name', '')!r} component is a {type(record).__name__}; "
@@ -86,15 +109,15 @@ def _graph(record: Any, fed: frozenset[str], where: str) -> Any:
     if others:
         raise _refuse(f"the graph takes {others}, which Transformers.js does not feed ({where} feeds {sorted(fed)})",
                       "Capture the model with only the tokenizer's outputs (input_ids, attention_mask).")
-    return record if isinstance(record, OnnxProgram) else lower_to_onnx(record)
+    return _runs_in_node(record) if isinstance(record, OnnxProgram) else lowered_for_node(record)
 
 
 def _decoder(programs: Components) -> Any:
     """The one ONNX graph that prefills and decodes, checked against what Transformers.js feeds it."""
-    from hfx.backends._onnx import OnnxProgram, lower_to_onnx
+    from hfx.backends._onnx import OnnxProgram
 
-    program = decode_component(programs, consumer=CONSUMER, pipeline="Transformers.js's decoder_forward",
-                               fed=_DECODER_INPUTS, lower=lower_to_onnx, record=OnnxProgram)
+    program = _runs_in_node(decode_component(programs, consumer=CONSUMER, pipeline="Transformers.js's decoder_forward",
+                                             fed=_DECODER_INPUTS, lower=lowered_for_node, record=OnnxProgram))
     if program.io.updates:
         raise _refuse("the decode graph writes a static cache in place; Transformers.js grows the cache from the "
                       "present.* outputs", "Decompose without a static-cache generation_config.")

@@ -66,7 +66,9 @@ def parts(llama):
 
 @pytest.fixture(scope="module")
 def decode(parts):
-    return hfx.lower_to_onnx(parts["decode"])
+    from hfx._package.transformers_js import lowered_for_node
+
+    return lowered_for_node(parts["decode"])  # what the writer lowers an Exported to; given here already lowered
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +165,7 @@ def test_the_package_has_transformers_js_names_and_files(llama_dir, bert_dir, ll
     config = json.loads((llama_dir / "config.json").read_text())
     assert config["model_type"] == "llama"
     assert config["transformers.js_config"] == {
-        "dtype": "fp32", "use_external_data_format": {"model.onnx": 1, "model_quantized.onnx": 1}}
+        "dtype": "fp32", "use_external_data_format": {"model.onnx": 1, "model_quantized.onnx": 1, "model_q4.onnx": 1}}
     assert None not in json.loads((llama_dir / "generation_config.json").read_text()).values()
     encoder = ir.load(bert_dir / "onnx" / "model.onnx")
     assert [v.name for v in encoder.graph.inputs] == ["input_ids", "token_type_ids", "attention_mask"]
@@ -211,6 +213,9 @@ def test_transformers_js_refuses_what_it_cannot_load(parts, bert, tmp_path):
     t5 = pipe(zoo.build("t5"), hfx.capture(zoo.inputs("t5")), hfx.decompose(multi_token_decode=True))
     with pytest.raises(ValueError, match=r"transformers.js: .*encoder-decoder"):
         package(tmp_path / "b", t5)
+    fused = hfx.Components(items={"decode": hfx.lower_to_onnx(parts["decode"])}, meta=parts.meta)  # ORT 1.32's GQA
+    with pytest.raises(ValueError, match=r"transformers.js: .*GroupQueryAttention.*onnxruntime-node \(1.30\) cannot load"):
+        package(tmp_path / "f", fused)
     with pytest.raises(ValueError, match=r"transformers.js: no variants \['int3'\]; transformers.js takes \['q4', 'q8'\]"):
         hfx.package(tmp_path / "d", parts, consumer="transformers.js", tokenizer=zoo.tokenizer(), variants=("int3",))
     with pytest.raises(ValueError, match=r"openvino-genai: no variants \['q8'\]; openvino-genai takes none"):
