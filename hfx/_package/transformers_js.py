@@ -74,11 +74,11 @@ def _renamed(specs: tuple[TensorSpec, ...]) -> list[TensorSpec]:
 
 
 def lowered_for_node(record: Any) -> Any:
-    """``record`` lowered with the fusions onnxruntime-node runs: every default one but the attention fusion.
+    """``record`` lowered with the fusions onnxruntime-node runs: ``ORT_FUSIONS``, without the attention fusion.
 
     Transformers.js 4.3.2 runs graphs on onnxruntime-node 1.30, whose ``GroupQueryAttention``
-    takes 16 inputs; hfx's attention fusion writes ONNX Runtime 1.32's form with 17
-    (``query_seqlens``), which node refuses to load ("input size 17 not in range").
+    takes 16 inputs; hfx's attention fusion (``ORT_ATTENTION_FUSIONS``) writes ONNX Runtime
+    1.32's form with 17 (``query_seqlens``), which node refuses to load ("input size 17 not in range").
     """
     from hfx.backends._onnx import lower_to_onnx
     from hfx.backends._onnx_fusions import ORT_FUSIONS, attention
@@ -91,8 +91,8 @@ def _runs_in_node(program: Any) -> Any:
     if program.fusions.get("attention"):
         raise _refuse("the graph holds ONNX Runtime 1.32's fused GroupQueryAttention/MultiHeadAttention, which "
                       "Transformers.js's onnxruntime-node (1.30) cannot load",
-                      "Give the Exported (hfx lowers it for node), or lower with every fusion in "
-                      "hfx.backends.ORT_FUSIONS but attention.")
+                      "Give the Exported (hfx lowers it for node), or lower with the default "
+                      "fusions (hfx.backends.ORT_FUSIONS, no attention fusion).")
     return program
 
 

@@ -9,7 +9,7 @@ pytest.importorskip("onnxruntime")
 
 import hfx  # noqa: E402
 from hfx import zoo  # noqa: E402
-from hfx.backends import ORT_FUSIONS  # noqa: E402
+from hfx.backends import ORT_ATTENTION_FUSIONS, ORT_FUSIONS  # noqa: E402
 from hfx._generate import _initial_cache  # noqa: E402
 from hfx.backends._onnx import default_providers, default_threads  # noqa: E402
 from tests.helpers import NEW_SHAPE, eager_tokens  # noqa: E402
@@ -30,7 +30,7 @@ def lowered(models):
         if (name, multi_token_decode) not in cache:
             model = models(name)
             parts = hfx.decompose(hfx.capture(zoo.inputs(name), model), multi_token_decode=multi_token_decode)
-            cache[name, multi_token_decode] = model, hfx.lower_to_onnx(parts)
+            cache[name, multi_token_decode] = model, hfx.lower_to_onnx(parts, fusions=ORT_ATTENTION_FUSIONS)
         return cache[name, multi_token_decode]
 
     return get
@@ -92,6 +92,13 @@ def test_multi_token_decode_takes_a_block_over_a_past(lowered):
     got = decode(input_ids=ids[:, 8:], attention_mask=mask, position_ids=positions[:, 8:], past_key_values=past)
     torch.testing.assert_close(got.logits, want[:, 8:], atol=1e-4, rtol=0)  # 4 tokens at once over 8, batch 2
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=12), eager_tokens(model, inputs, 12))
+
+
+def test_the_default_fuses_norms_and_rotary_and_leaves_attention_standard(exported):
+    program = hfx.lower_to_onnx(exported("llama"))  # ORT_FUSIONS: the attention fusion is opt-in (see its comment)
+    ops = {node.op_type for node in program.model.graph.all_nodes()}
+    assert {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RotaryEmbedding"} <= ops
+    assert not ops & {"GroupQueryAttention", "MultiHeadAttention"} and "attention" not in program.fusions
 
 
 def test_no_fusions_keeps_standard_onnx(exported):
