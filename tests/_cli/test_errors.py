@@ -31,7 +31,7 @@ def test_a_bad_argument_exits_2_with_one_paragraph():
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["export", "--quantize", "int4", "--to", "onnx"], "--quantize int4 is not available for onnx: it exists for pte, ov"),
+        (["export", "--quantize", "int4", "--to", "pt2"], "--quantize int4 is not available for pt2: it exists for pte, onnx, ov"),
         (["export", "--static-cache", "64"], "add --generation"),
         (["export", "--generation", "--static-cache", "8", "--to", "pt2"], "pass at least 19"),
         (["export", "--to", "pt2", "--opset", "19"], "--opset 19 applies to ONNX only"),

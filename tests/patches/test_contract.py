@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 from transformers import cache_utils
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.dinov2 import modeling_dinov2
 from transformers.models.mamba import modeling_mamba
 from transformers.models.mamba2 import modeling_mamba2
@@ -37,6 +38,7 @@ from transformers.models.qwen2_vl import modeling_qwen2_vl
 
 import hfx
 from hfx import PatchError, patches, zoo
+from hfx._capture.internal_cache import patch_custom_attention
 from hfx._pytree import cache_classes, registered_caches
 from hfx.backends import PTE_PATCHES, _common
 from hfx.backends import _executorch_fixes as _pte_fixes
@@ -212,6 +214,9 @@ ROWS = (
     Row(patch=_pte_fixes.patch_sdpa_decomposition_layout, adds=True,
         slots=lambda: [(_owner("torch._decomp", "decomposition_table"),
                         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)]),  # noqa: SLF001
+    # ExecuTorch's fused attention for the runner's program: one override in transformers' attention interface.
+    Row(patch=patch_custom_attention, args=lambda models: (None, "sdpa"), adds=True,
+        slots=lambda cache, implementation: [(ALL_ATTENTION_FUNCTIONS._local_mapping, implementation)]),  # noqa: SLF001
     # The output capture every lowering enters (its loggers' handlers, stdout and stderr).
     Row(patch=_common.captured_output, args=lambda models: (io.StringIO(), ("hfx_contract",)),
         slots=lambda buffer, namespaces: [(logging.getLogger("hfx_contract"), "handlers"),
