@@ -68,8 +68,8 @@ def check_window(distribution: str) -> str | None:
 
 def _release(version: str) -> tuple[int, int]:
     """``(major, minor)`` of a version string such as ``2.14.1+cpu`` or ``2026.4.1``."""
-    major, minor = (re.match(r"(\d+)(?:\.(\d+))?", version) or re.match("()()", "")).groups()
-    return int(major or 0), int(minor or 0)
+    found = re.match(r"(\d+)(?:\.(\d+))?", version)
+    return (int(found[1]), int(found[2] or 0)) if found else (0, 0)
 
 
 def _next(release: str) -> str:
