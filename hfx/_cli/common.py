@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any
@@ -53,6 +53,25 @@ def quiet_step(stream: IO[str], args: argparse.Namespace, label: str, work: Call
     """``work()`` shown as one progress step, with upstream output silenced unless ``--verbose``."""
     with step(label, stream=stream), quiet(verbose=args.verbose):
         return work()
+
+
+def eager_tokens(model: Any, prompt: Mapping[str, Any], count: int, generation_config: Any = None) -> Any:
+    """Eager ``model.generate``'s greedy tokens on a copy of ``prompt`` (the reference an export's tokens must equal)."""
+    import copy
+
+    import torch
+
+    options = {"generation_config": generation_config} if generation_config is not None else {}
+    with torch.no_grad():
+        return model.generate(**copy.deepcopy(dict(prompt)), max_new_tokens=count, do_sample=False, **options)
+
+
+def token_difference(tokens: Any, expected: Any) -> str | None:
+    """``None`` when ``tokens`` equal ``expected``; else how they differ (``"shapes differ"``, ``"3 ids differ"``)."""
+    if tokens.shape != expected.shape:
+        return "shapes differ"
+    differ = int((tokens != expected).sum())
+    return f"{differ} ids differ" if differ else None
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

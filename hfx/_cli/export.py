@@ -19,10 +19,12 @@ from hfx._cli.common import (
     RUNTIMES,
     UsageError,
     component_sizes,
+    eager_tokens,
     megabytes,
     quiet_step,
     require_runtimes,
     table,
+    token_difference,
 )
 
 CHECK_SHAPE = (3, 11)  # another batch and sequence, so that the checks exercise the dynamic shapes
@@ -220,20 +222,13 @@ def _runtime_rows(runtime: str, programs: dict[str, Any], seconds: dict[str, flo
 
 def _token_row(runtime: str, programs: Any, model: Any, prompt: Mapping[str, Any], args: argparse.Namespace) -> Row:
     """Greedy ``hfx.generate`` on the exported programs against eager ``model.generate`` on the same prompt."""
-    import torch
-
     import hfx
 
     started = time.perf_counter()
     tokens = hfx.generate(prompt, programs, max_new_tokens=GENERATE_TOKENS)
     seconds = time.perf_counter() - started
-    config = _generation_config(model, args)
-    with torch.no_grad():
-        expected = model.generate(**copy.deepcopy(dict(prompt)), max_new_tokens=GENERATE_TOKENS, do_sample=False,
-                                  **({"generation_config": config} if config is not None else {}))
-    same = tokens.shape == expected.shape and bool(torch.equal(tokens, expected))
-    differ = "shapes differ" if tokens.shape != expected.shape else f"{int((tokens != expected).sum())} ids differ"
-    return Row(runtime=runtime, component="generate", passed=same, difference="tokens equal" if same else differ,
+    differ = token_difference(tokens, eager_tokens(model, prompt, GENERATE_TOKENS, _generation_config(model, args)))
+    return Row(runtime=runtime, component="generate", passed=differ is None, difference=differ or "tokens equal",
                seconds=seconds)
 
 

@@ -29,11 +29,6 @@ PROMPTS = ["hello world", "models speak in tokens: numbers and words"]
 
 
 @pytest.fixture(scope="module")
-def llama():
-    return zoo.build("llama")
-
-
-@pytest.fixture(scope="module")
 def parts(llama):
     prompt = dict(zoo.tokenizer()(PROMPTS[0], return_tensors="pt"))
     return pipe(llama, hfx.capture(prompt), hfx.decompose(internal_cache_length=LENGTH))

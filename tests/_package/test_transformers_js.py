@@ -49,11 +49,6 @@ def wordpiece():
 
 
 @pytest.fixture(scope="module")
-def llama():
-    return zoo.build("llama")
-
-
-@pytest.fixture(scope="module")
 def bert():
     return zoo.build("bert")
 
