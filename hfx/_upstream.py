@@ -6,7 +6,9 @@ older have ``past_key_values`` (``cache_params`` for state-space models):
 
 - graph names stay ``past_key_values.*`` / ``present.*`` whatever the release
   calls the argument (``graph_name``), so ONNX, OpenVINO and ExecuTorch files
-  and the pipelines that read them do not change with transformers;
+  and the pipelines that read them do not change with transformers (a
+  state-space model's ``cache_params.*`` of 5.23 is ``past_key_values.*`` under
+  5.24: no pipeline reads those, and hfx feeds a graph by its spec, not names);
 - a saved output structure names the field as the release that saved it did;
   ``with_installed_fields`` renames it to the installed class's field, so an
   export saved with either release loads and generates with the other;

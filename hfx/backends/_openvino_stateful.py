@@ -87,6 +87,7 @@ def stateful_io(io: Any, /) -> Any:
     from hfx._contract import load_spec
     from hfx._pytree import spec_caches
     from hfx._records import TensorSpec
+    from hfx._upstream import graph_name
 
     cached = [spec.name for spec in io.inputs if spec.name.startswith(f"{CACHE_INPUT}.")]
     if not cached or io.updates:
@@ -96,12 +97,12 @@ def stateful_io(io: Any, /) -> Any:
     with spec_caches(io):
         leaves = [torch.zeros([1] * len(spec.shape)) for spec in io.inputs]
         _, kwargs = pytree.tree_unflatten(leaves, load_spec(io.in_spec))
-        kwargs = {key: value for key, value in kwargs.items() if key != CACHE_INPUT}
+        kwargs = {key: value for key, value in kwargs.items() if graph_name(key) != CACHE_INPUT}
         kwargs[BEAM_INPUT] = torch.zeros(1, dtype=torch.int32)
         in_spec = pytree.treespec_dumps(pytree.tree_structure(((), kwargs)))
         returned = load_spec(io.out_spec)
         outputs = pytree.tree_unflatten([torch.zeros(1)] * returned.num_leaves, returned)
-        kept = type(outputs)(**{key: value for key, value in outputs.items() if key != CACHE_INPUT})
+        kept = type(outputs)(**{key: value for key, value in outputs.items() if graph_name(key) != CACHE_INPUT})
         out_spec = pytree.treespec_dumps(pytree.tree_structure(kept))
     inputs = [spec for spec in io.inputs if spec.name not in cached]
     ids = next(spec for spec in io.inputs if spec.name == "input_ids")
