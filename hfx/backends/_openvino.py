@@ -191,6 +191,9 @@ def lower_to_ov(
         raise TypeError(msg)
     graph_fixes = fixes_option(graph_fixes, stage="lower_to_ov", option="graph_fixes", default="OV_GRAPH_FIXES")
     exported = as_exported(exported, stage="lower_to_ov")
+    where = f"lower_to_ov(stateful=True) on component {exported.name!r} of {exported.source_class or 'the model'}"
+    if stateful:  # the contract first: a graph that cannot keep its cache is refused before the slow conversion
+        _stateful_io(exported.io, where=where)
     with _quiet() as caught, spec_caches(exported.io):
         try:
             exported = for_runtime(exported)  # asserts dropped; in-place writes (a static cache) become outputs
@@ -199,8 +202,7 @@ def lower_to_ov(
             raise _conversion_error(exported, exc, caught) from exc
     io, state = exported.io, ()
     if stateful:  # made stateful before the program is built, so the model is compiled once
-        model, io, state = _stateful(model, io, where=f"lower_to_ov(stateful=True) on component {exported.name!r} "
-                                                      f"of {exported.source_class or 'the model'}")
+        model, io, state = _stateful(model, io, where=where)
     return OvProgram(
         model=model, io=io, name=exported.name, device=device, source_class=exported.source_class,
         graph_fixes=fix_names(graph_fixes), state=state,
@@ -225,12 +227,24 @@ def as_stateful(program: OvProgram, /, *, stage: str, name: str | None = None) -
 
 def _stateful(model: Any, io: IoSpec, *, where: str) -> tuple[Any, IoSpec, tuple[str, ...]]:
     """The stateful form of ``model`` and ``io`` and the cache inputs it keeps as state; errors say ``where``."""
+    kept_io = _stateful_io(io, where=where)
     try:
-        kept_io, kept_model = stateful_io(io), stateful_model(model)
+        kept_model = stateful_model(model)
     except ValueError as exc:
-        msg = f"{where}: {exc}. Decompose with multi_token_decode=True and lower its decode component."
-        raise ValueError(msg) from exc
+        raise ValueError(_stateful_refusal(where, exc)) from exc
     return kept_model, kept_io, tuple(name for name in io.input_names if name not in kept_io.input_names)
+
+
+def _stateful_io(io: IoSpec, *, where: str) -> IoSpec:
+    """``stateful_io(io)``, its refusal explained with ``where``."""
+    try:
+        return stateful_io(io)
+    except ValueError as exc:
+        raise ValueError(_stateful_refusal(where, exc)) from exc
+
+
+def _stateful_refusal(where: str, exc: ValueError) -> str:
+    return f"{where}: {exc}. Decompose with multi_token_decode=True and lower its decode component."
 
 
 def _conversion_error(exported: Exported, exc: BaseException, caught: list[warnings.WarningMessage]) -> LoweringError:
