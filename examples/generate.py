@@ -1,7 +1,8 @@
 """Generate text with exported graphs on one runtime: python examples/generate.py [pt2|onnx|pte|ov].
 
-Decomposes the tiny Llama into prefill + decode by running its generate() once,
-exports both graphs once, lowers them to the runtime, and checks that greedy
+Decomposes the tiny Llama by running its generate() once (a full-attention text
+decoder: one decode graph that takes the prompt from an empty cache, then one
+token per step), exports it once, lowers it to the runtime, and checks that greedy
 decoding gives exactly the eager tokens on a left-padded batch.
 """
 

@@ -32,7 +32,7 @@ for name, program in programs.items():
 
 # Decomposed models: per-component calibration inputs, recorded from the model's own generate().
 parts = pipe(model, hfx.capture(zoo.inputs("llama", batch=2, sequence=7)), hfx.decompose, hfx.export)
-per_component = hfx.calibration_inputs(model, calibration, parts)  # {"prefill": [...], "decode": [...]}
+per_component = hfx.calibration_inputs(model, calibration, parts)  # {"decode": [...]}: one graph for prompt and steps
 quantized = pipe(parts, hfx.lower_to_ov, hfx.quantize_ov(mode="int8-static", calibration=per_component))
 directory = hfx.save(tempfile.mkdtemp() + "/llama-ov-int8", quantized)
 loaded = hfx.load(directory)

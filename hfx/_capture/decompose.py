@@ -57,15 +57,18 @@ def _one_item(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v[:1] if isinstance(v, torch.Tensor) and v.ndim else v for k, v in kwargs.items()}
 
 
+def as_multi_token_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    """``call`` as a multi-token decode graph takes it: the logits of every new token (``logits_to_keep=0``)."""
+    return {**call, "logits_to_keep": 0} if "logits_to_keep" in call else dict(call)
+
+
 def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """One decode call for two query tokens: the first step's cache, both steps' new tokens.
 
     It returns the logits of every new token (``logits_to_keep=0``), which a
     block of speculative tokens needs; generate reads the last one.
     """
-    merged = dict(first)
-    if "logits_to_keep" in merged:
-        merged["logits_to_keep"] = 0
+    merged = as_multi_token_call(first)
     for key in ("input_ids", "decoder_input_ids", "position_ids", "cache_position", "decoder_position_ids"):
         if isinstance(first.get(key), torch.Tensor) and isinstance(second.get(key), torch.Tensor):
             merged[key] = torch.cat([first[key], second[key]], dim=-1)
@@ -152,7 +155,7 @@ def decompose(
     capture: Capture,
     /,
     *,
-    multi_token_decode: bool = False,
+    multi_token_decode: bool | None = None,
     generation_config: Any = None,
     internal_cache_length: int | None = None,
     custom_ops: bool = True,
@@ -173,7 +176,11 @@ def decompose(
     ``embed_tokens``, ``language_model`` (``get_decoder()``), ``lm_head`` and
     ``decode``; a model that does not generate gives one component,
     ``model`` (its ``meta`` holds only the model's class and config). With ``multi_token_decode`` there is no ``prefill``: the decode
-    graph takes 1..N new tokens over a past of 0..N, so it prefills too.
+    graph takes 1..N new tokens over a past of 0..N, so it prefills too. That
+    is the default for a text decoder whose cache is all full-attention layers
+    (a Llama, Qwen, Phi ...): its weights are then in one graph, stored and
+    loaded once on every runtime, where ``prefill`` and ``decode`` would each
+    hold a copy.
 
     With ``internal_cache_length`` a text decoder gives one component,
     ``decode``, in the contract of ExecuTorch's LLM runner: ``forward(tokens
@@ -186,6 +193,8 @@ def decompose(
         capture: a ``Capture`` of generate inputs.
         multi_token_decode: make one decode graph take 1..N new tokens at once
             (prefill with an empty cache, ordinary decode, speculative blocks).
+            ``None`` (default): for a text decoder with a full-attention cache and
+            no static cache; ``False`` keeps a separate ``prefill``.
         generation_config: passed to ``generate`` (e.g. a static cache).
         internal_cache_length: keep the KV cache inside the decode graph, in
             buffers of this many positions (batch 1; ExecuTorch's runner contract).
@@ -206,7 +215,9 @@ def decompose(
     Example:
         >>> from hfx import capture, zoo
         >>> parts = decompose(capture(zoo.inputs("llama"), zoo.build("llama")))
-        >>> list(parts)
+        >>> list(parts)  # one graph for prompt and steps: a Llama's cache is all full-attention layers
+        ['decode']
+        >>> list(decompose(capture(zoo.inputs("llama"), zoo.build("llama")), multi_token_decode=False))
         ['prefill', 'decode']
     """
     model = capture.source
@@ -216,9 +227,13 @@ def decompose(
     if not can_generate(model):
         return Components(items={"model": attrs.evolve(capture, name="model")}, meta=GenerationMeta(model=_model_spec(model)))
     inputs = with_padding_mask(capture)
-    steps = _steps(model, inputs, multi_token_decode)
+    merge = _may_merge_steps(model, generation_config) if multi_token_decode is None else multi_token_decode
+    steps = _steps(model, inputs, merge)
     recorded = recorded_generate(model, inputs, steps, generation_config)
     calls = recorded.calls
+    if multi_token_decode is None and merge:
+        merge = full_attention_cache(calls)
+    multi_token_decode = merge
     decode = _pick_decode(calls, multi_token=multi_token_decode)
     if not calls or decode is None:
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
@@ -294,6 +309,26 @@ def _generation_settings(model: torch.nn.Module, generation_config: Any = None) 
         decoder_start_token_id=start,
         is_encoder_decoder=bool(getattr(model.config, "is_encoder_decoder", False)),
     )
+
+
+def _may_merge_steps(model: torch.nn.Module, generation_config: Any) -> bool:
+    """Whether ``model`` is a text decoder whose steps ``decompose`` merges by default (its cache decides after)."""
+    config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    static = getattr(config, "cache_implementation", None) is not None
+    return not (static or getattr(model.config, "is_encoder_decoder", False) or feature_methods(model))
+
+
+def full_attention_cache(calls: list[dict[str, Any]]) -> bool:
+    """Whether the recorded steps' cache holds only full-attention layers, which one graph fills from empty.
+
+    A sliding-window layer trims its past inside the graph and a state-space
+    layer takes one token per step: those models keep a ``prefill``.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    cache = next((v for call in calls[1:] for v in call.values() if is_cache(v)), None)
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 def _steps(model: torch.nn.Module, inputs: Mapping[str, Any], multi_token: bool) -> int:

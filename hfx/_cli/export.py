@@ -138,7 +138,7 @@ def parse_runtimes(value: str) -> list[str]:
 def check_options(args: argparse.Namespace, runtimes: list[str]) -> None:
     """Raise ``UsageError`` (or ``ImportError`` naming the pip extra) before any work when options cannot apply."""
     require_runtimes(runtimes)
-    if (args.multi_token_decode or args.static_cache is not None) and not args.generation:
+    if (args.multi_token_decode is not None or args.static_cache is not None) and not args.generation:
         raise UsageError("--multi-token-decode and --static-cache shape the generation graphs: add --generation.")
     needed = CHECK_SHAPE[1] + GENERATE_TOKENS
     if args.static_cache is not None and args.static_cache < needed:

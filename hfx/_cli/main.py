@@ -56,10 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--task", choices=sorted(TASKS), metavar="TASK",
                         help=f"which Auto class loads MODEL: {', '.join(TASKS)} (default: from its config or zoo entry)")
     export.add_argument("--generation", action="store_true",
-                        help="decompose into the graphs generate() runs (encoder, prefill, decode), verify each, and "
-                        "check greedy hfx.generate against eager model.generate")
-    export.add_argument("--multi-token-decode", action="store_true",
-                        help="with --generation: one decode graph that takes 1..N new tokens (no separate prefill)")
+                        help="decompose into the graphs generate() runs (encoder, prefill, decode; a full-attention "
+                        "text decoder: one decode graph), verify each, and check greedy hfx.generate against eager "
+                        "model.generate")
+    export.add_argument("--multi-token-decode", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --generation: one decode graph that takes 1..N new tokens (no separate prefill); "
+                        "--no-multi-token-decode keeps a prefill graph (default: one graph for a full-attention "
+                        "text decoder)")
     export.add_argument("--static-cache", type=int, metavar="N",
                         help="with --generation: a static KV cache of N positions; with --for executorch-runner: the "
                         "runner's cache length (default: the model's context, at most 2048)")

@@ -49,7 +49,7 @@ def check_package_options(args: argparse.Namespace, chosen: list[str], *, with_r
     from hfx._package.package import require_consumer
 
     options = {"--quantize": args.quantize, "--opset": args.opset,
-               "--generation": args.generation or None, "--multi-token-decode": args.multi_token_decode or None}
+               "--generation": args.generation or None, "--multi-token-decode": args.multi_token_decode}
     given = [option for option, value in options.items() if value is not None]
     if given and not with_runtimes:
         msg = (f"{', '.join(given)} shape(s) the programs of --to, not the packages of --for (one float32 graph for "

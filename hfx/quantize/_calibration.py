@@ -32,7 +32,9 @@ def calibration_inputs(
     Each sample (generate inputs: ``input_ids``, ``attention_mask``, pixel or
     audio features ...) runs ``generate`` for ``max_new_tokens`` greedy tokens
     under ``decompose``'s recording hooks; the model is left as it was. The
-    first forward call calibrates ``prefill``, every later one ``decode``;
+    first forward call calibrates ``prefill``, every later one ``decode`` (a
+    decode graph that also prefills, ``multi_token_decode``, gets the prompt
+    too, over an empty cache);
     encoders and multimodal parts get their own recorded calls. A model that
     does not generate (one component, ``"model"``) is calibrated on the samples.
 
@@ -55,7 +57,7 @@ def calibration_inputs(
         >>> import hfx
         >>> from hfx import zoo
         >>> model = zoo.build("llama")
-        >>> parts = hfx.decompose(hfx.capture(zoo.inputs("llama"), model))
+        >>> parts = hfx.decompose(hfx.capture(zoo.inputs("llama"), model), multi_token_decode=False)
         >>> data = calibration_inputs(model, [zoo.inputs("llama", batch=1, sequence=6)], parts, max_new_tokens=3)
         >>> {name: len(calls) for name, calls in data.items()}
         {'prefill': 1, 'decode': 2}
@@ -65,7 +67,7 @@ def calibration_inputs(
         return {"model": [dict(sample) for sample in samples]}
     found: dict[str, list[dict[str, Any]]] = {name: [] for name in components}
     for sample in samples:
-        for name, calls in _recorded_calls(model, sample, max_new_tokens, components.meta.generation).items():
+        for name, calls in _recorded_calls(model, sample, max_new_tokens, components.meta.generation, list(components)).items():
             if name in found:
                 found[name].extend(calls)
     missing = [name for name, calls in found.items() if not calls]
@@ -92,19 +94,40 @@ def _checked_samples(model: Any, samples: Any, components: Any) -> list[Mapping[
 
 
 def _recorded_calls(
-    model: torch.nn.Module, sample: Mapping[str, Any], steps: int, generation: GenerationSettings
+    model: torch.nn.Module, sample: Mapping[str, Any], steps: int, generation: GenerationSettings,
+    names: Iterable[str],
 ) -> dict[str, list[dict[str, Any]]]:
-    """The inputs each component got while ``generate`` ran on ``sample`` (``decompose``'s recording)."""
-    from hfx._capture.decompose import encoder_capture, part_capture
+    """The inputs each component of ``names`` got while ``generate`` ran on ``sample`` (``decompose``'s recording)."""
+    from hfx._capture.decompose import as_multi_token_call, encoder_capture, full_attention_cache, part_capture
     from hfx._capture.recording import recorded_generate, with_padding_mask
 
     inputs = with_padding_mask(Capture(module=model, source=model, kwargs=sample))  # graphs were traced with a mask input
     recorded = recorded_generate(model, inputs, steps, _generation_config(model, generation))
     calls = recorded.calls
     per_component = {"prefill": calls[:1], "decode": calls[1:]}
+    if not {"prefill", "language_model"} & set(names):  # a multi-token decode graph: it prefills too
+        prompt = [_over_an_empty_cache(calls[0], calls[1])] if len(calls) > 1 and full_attention_cache(calls) else []
+        per_component["decode"] = [as_multi_token_call(call) for call in (*prompt, *calls[1:])]
     per_component.update({name: [encoder_capture(name, m, kw, packed=False).kwargs] for name, (m, kw) in recorded.encoders.items()})
     per_component.update({name: [part_capture(name, m, kw).kwargs] for name, (m, kw) in recorded.parts.items()})
     return {name: [dict(call) for call in found] for name, found in per_component.items()}
+
+
+def _over_an_empty_cache(prompt: Mapping[str, Any], step: Mapping[str, Any]) -> dict[str, Any]:
+    """The prompt call as a decode graph that prefills takes it: the step's full-attention cache cut to a past of 0.
+
+    ``generate`` hands the prompt call a cache whose layers are not yet
+    initialised; the graph takes initialised layers of past length 0.
+    """
+    import copy
+
+    from hfx._pytree import is_cache
+
+    name = next(key for key, value in step.items() if is_cache(value))
+    empty = copy.deepcopy(step[name])
+    for layer in empty.layers:
+        layer.keys, layer.values = layer.keys[:, :, :0], layer.values[:, :, :0]
+    return {**prompt, name: empty}
 
 
 def _generation_config(model: torch.nn.Module, generation: GenerationSettings) -> Any:

@@ -12,10 +12,10 @@ from tests.helpers import CACHE_ARGUMENT, assert_same_state, state_of
 
 @pytest.fixture(scope="module")
 def llama_parts(models):
-    return hfx.decompose(hfx.capture(zoo.inputs("llama", batch=2, sequence=5), models("llama")))
+    return hfx.decompose(hfx.capture(zoo.inputs("llama", batch=2, sequence=5), models("llama")), multi_token_decode=False)
 
 
-def test_decoder_only_gives_prefill_and_decode(llama_parts):
+def test_decoder_only_gives_prefill_and_decode_when_asked(llama_parts):
     assert list(llama_parts) == ["prefill", "decode"]
     prefill, decode = llama_parts["prefill"], llama_parts["decode"]
     assert prefill.kwargs["input_ids"].shape == (2, 5)
@@ -40,8 +40,9 @@ def test_decode_query_axis_is_static_past_is_dynamic(llama_parts):
 
 def test_a_mask_is_added_when_the_caller_gave_none(models):
     ids = zoo.inputs("llama", batch=1, sequence=4)["input_ids"]
-    parts = hfx.decompose(hfx.capture({"input_ids": ids}, models("llama")))
+    parts = hfx.decompose(hfx.capture({"input_ids": ids}, models("llama")), multi_token_decode=False)
     assert "attention_mask" in parts["prefill"].kwargs and "attention_mask" in parts["decode"].kwargs
+    assert "attention_mask" in hfx.decompose(hfx.capture({"input_ids": ids}, models("llama")))["decode"].kwargs
 
 
 def test_a_one_token_prompt_still_gives_a_past_of_two(models):
@@ -62,11 +63,30 @@ def test_encoder_decoder_gives_encoder_prefill_decode(models):
 def test_multi_token_decode_merges_two_steps(models):
     parts = hfx.decompose(hfx.capture(zoo.inputs("llama", batch=2, sequence=5), models("llama")), multi_token_decode=True)
     assert list(parts) == ["decode"]
+    assert list(hfx.decompose(hfx.capture(zoo.inputs("llama", batch=2, sequence=5), models("llama")))) == ["decode"]
     decode = parts["decode"]
     assert decode.kwargs["input_ids"].shape == (2, 2)
     assert decode.dynamic_shapes.bounds["past_sequence"][0] == 0
     assert decode.kwargs["attention_mask"].shape == (2, 7)
     assert dict(decode.dynamic_shapes.axes["input_ids"]) == {0: "batch", 1: "sequence"}
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("gemma2", "sliding-window layers trim their past inside the graph"),
+    ("mamba", "a state-space layer takes one token per step"),
+    ("t5", "an encoder-decoder"),
+    ("llava", "a multimodal model: its language_model prefills"),
+])
+def test_by_default_only_a_full_attention_text_decoder_merges_its_steps(models, name, why):
+    parts = hfx.decompose(hfx.capture(zoo.inputs(name), models(name)))
+    assert "decode" in parts and ("prefill" in parts or "language_model" in parts), why
+
+
+def test_a_static_cache_keeps_its_prefill(models):
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(cache_implementation="static", max_cache_len=24)
+    assert "prefill" in hfx.decompose(hfx.capture(zoo.inputs("llama"), models("llama")), generation_config=config)
 
 
 def test_a_model_that_does_not_generate_is_one_component(models):

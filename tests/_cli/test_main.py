@@ -63,15 +63,16 @@ def test_export_verifies_each_component_and_the_tokens(llama_export):
     result, out = llama_export
     assert result.returncode == 0, result.stderr
     rows = {tuple(line.split()[:3]) for line in result.stdout.splitlines()}
-    assert {("onnx", "prefill", "pass"), ("onnx", "decode", "pass"), ("onnx", "generate", "pass")} <= rows
+    assert {("onnx", "decode", "pass"), ("onnx", "generate", "pass")} <= rows
     assert "batch 3, sequence 11" in result.stdout
     manifest = json.loads((out / "onnx" / "hfx.json").read_text())
-    assert list(manifest["components"]) == ["prefill", "decode"] and manifest["processor"] == "processor"
+    # A full-attention text decoder: one graph for prompt and steps (decompose's default)
+    assert list(manifest["components"]) == ["decode"] and manifest["processor"] == "processor"
 
 
 def test_export_shows_progress_per_component_and_no_upstream_output(llama_export):
     result, _ = llama_export
-    assert "  done   onnx: lower decode" in result.stderr and "  done   torch.export prefill" in result.stderr
+    assert "  done   onnx: lower decode" in result.stderr and "  done   torch.export decode" in result.stderr
     assert upstream_noise(result.stderr) == []
     assert "Traceback" not in result.stderr + result.stdout
 
@@ -81,12 +82,12 @@ def test_inspect_shows_components_axes_bounds_and_versions(llama_export, capsys)
     result = hfx_cli("inspect", str(out))
     assert result.returncode == 0, result.stderr
     assert "component 'decode' (onnx, opset 18)" in result.stdout
-    assert "past_sequence in [1, 255]" in result.stdout and "batch in [1, inf)" in result.stdout
+    assert "past_sequence in [0, " in result.stdout and "batch in [1, inf)" in result.stdout  # it prefills from 0
     assert f"transformers {transformers.__version__}" in result.stdout and "tokenizer/processor: processor/" in result.stdout
     assert main(["inspect", str(out / "onnx"), "--json"]) == 0  # in-process: the same code, without a second start-up
     described = json.loads(capsys.readouterr().out)["onnx"]
     decode = described["components"]["decode"]
-    assert decode["inputs"][0] == {"name": "input_ids", "dtype": "int64", "shape": ["batch", 1]}
+    assert decode["inputs"][0] == {"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}
     assert decode["size"] == sum(p.stat().st_size for p in (out / "onnx").glob("decode.onnx*"))
     assert described["generation"]["model_class"] == "LlamaForCausalLM"
 

@@ -65,10 +65,21 @@ def lowered(exported):
 
 
 @pytest.fixture(scope="module")
-def decode(models):
+def split(models):
+    """Llama's prefill and one-token decode step (``multi_token_decode=False``), as ``Capture`` records."""
+    return hfx.decompose(hfx.capture(zoo.inputs("llama", **CAPTURE_SHAPE), models("llama")), multi_token_decode=False)
+
+
+@pytest.fixture(scope="module")
+def decode(split):
     """The one extra lowering: Llama's decode step, from a ``Capture``, with custom ``max_sizes``."""
-    parts = hfx.decompose(hfx.capture(zoo.inputs("llama", **CAPTURE_SHAPE), models("llama")))
-    return lower_to_pte(parts["decode"], max_sizes=BOUNDED)
+    return lower_to_pte(split["decode"], max_sizes=BOUNDED)
+
+
+@pytest.fixture(scope="module")
+def with_pte_decode(split, decode):
+    """An exported prefill and the ``.pte`` decode step."""
+    return attrs.evolve(split, items={"prefill": hfx.export(split["prefill"]), "decode": decode})
 
 
 @pytest.fixture(scope="module")
@@ -135,16 +146,14 @@ def test_a_capture_is_exported_first_and_max_sizes_are_respected(decode):
     assert dict(decode.max_sizes) == BOUNDED
 
 
-def test_the_decode_step_generates_the_eager_tokens(decode, generative):
-    model, parts = generative("llama")
-    programs = attrs.evolve(parts, items={**parts, "decode": decode})  # an Exported prefill, a .pte decode
+def test_the_decode_step_generates_the_eager_tokens(with_pte_decode, models):
+    model, programs = models("llama"), with_pte_decode
     inputs = zoo.inputs("llama", batch=BOUNDED["batch"], sequence=11)
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=32), eager_tokens(model, inputs, 32))
 
 
-def test_generating_past_the_planned_cache_is_an_input_error(decode, generative):
-    _, parts = generative("llama")
-    programs = attrs.evolve(parts, items={**parts, "decode": decode})
+def test_generating_past_the_planned_cache_is_an_input_error(with_pte_decode):
+    programs = with_pte_decode
     past = BOUNDED["past_sequence"]
     with pytest.raises(InputError, match=rf"\(past_sequence\) is {past + 1}, outside the program's bounds"):
         hfx.generate(zoo.inputs("llama", batch=1, sequence=11), programs, max_new_tokens=past)

@@ -81,7 +81,7 @@ def test_stateful_needs_a_graph_that_takes_its_cache():
 
 
 def test_generate_refuses_a_prefill_before_a_stateful_decode(llama, stateful):
-    split = pipe(llama, hfx.capture(zoo.inputs("llama")), hfx.decompose)
+    split = pipe(llama, hfx.capture(zoo.inputs("llama")), hfx.decompose(multi_token_decode=False))
     with pytest.raises(ValueError, match="no past_key_values cache|takes no"):
         hfx.lower_to_ov(split["prefill"], stateful=True)  # refused from its contract, before the conversion
     # The prefill stays an Exported (torch): the refusal is about the stateful decode after it.

@@ -15,13 +15,23 @@ def test_calibration_inputs_record_each_component_call(generative, samples):
     model, parts = generative("llama")
     before = state_of(model)
     data = hfx.calibration_inputs(model, samples[:2], parts, max_new_tokens=3)
-    assert {name: len(calls) for name, calls in data.items()} == {"prefill": 2, "decode": 4}
-    assert [int(call["input_ids"].shape[-1]) for call in data["prefill"]] == [5, 9]
-    assert all(call["input_ids"].shape[-1] == 1 for call in data["decode"])
+    assert list(parts) == ["decode"]  # one graph for prompt and steps: it is calibrated on both
+    assert {name: len(calls) for name, calls in data.items()} == {"decode": 6}
+    assert [int(call["input_ids"].shape[-1]) for call in data["decode"]] == [5, 1, 1, 9, 1, 1]
     for name, calls in data.items():  # every recorded call is a valid input of its graph
         feeds = graph_feeds(parts[name].io, calls, program=name)
         assert all(len(flat) == len(parts[name].io.inputs) for flat in feeds)
     assert_same_state(model, before)
+
+
+def test_a_split_prefill_gets_the_prompt_and_the_decode_the_steps(models, samples):
+    model = models("llama")
+    parts = hfx.export(hfx.decompose(hfx.capture(samples[0], model), multi_token_decode=False))
+    data = hfx.calibration_inputs(model, samples[:2], parts, max_new_tokens=3)
+    assert [int(call["input_ids"].shape[-1]) for call in data["prefill"]] == [5, 9]
+    assert [int(call["input_ids"].shape[-1]) for call in data["decode"]] == [1, 1, 1, 1]
+    for name, calls in data.items():
+        assert all(len(flat) == len(parts[name].io.inputs) for flat in graph_feeds(parts[name].io, calls, program=name))
 
 
 def test_a_model_that_does_not_generate_is_calibrated_on_the_samples(exported, models):
@@ -50,7 +60,7 @@ def test_samples_for_rejects_what_it_cannot_use(calibration, error, match):
 def test_model_and_samples_give_a_stage_that_pipes(generative, samples):
     model, parts = generative("llama")
     data = pipe(parts, hfx.calibration_inputs(model, samples[:1], max_new_tokens=2))
-    assert {name: len(calls) for name, calls in data.items()} == {"prefill": 1, "decode": 1}
+    assert {name: len(calls) for name, calls in data.items()} == {"decode": 2}
 
 
 def test_the_old_argument_order_is_a_type_error(generative, samples):
