@@ -54,6 +54,10 @@ MIN_OPSET = 18
 
 # Models whose in-memory weights exceed this are handed to ONNX Runtime as files (protobuf stops at 2 GB).
 _IN_MEMORY_LIMIT = 1_500_000_000
+# A loaded program reads weights up to this into memory, so it outlives its directory; larger ones stay in the
+# saved data file, which ONNX Runtime reads itself: read into Python, serialised and parsed, they were held three
+# times (SmolLM-135M's 538 MB of weights: 2387 MB peak RSS after hfx.load, 945 MB from the file).
+_LOAD_IN_MEMORY_LIMIT = 256 * 2**20
 
 # Lets ONNX Runtime resolve external data of a model given as bytes (onnxruntime >= 1.18).
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
@@ -414,7 +418,12 @@ def save_files(program: OnnxProgram, directory: Path, *, filename: str = "", dat
 
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> OnnxProgram:
-    """Load a program written by ``save_files``; weights under the in-memory limit are read into memory.
+    """Load a program written by ``save_files``; weights up to 256 MiB are read into memory.
+
+    Such a program outlives its directory. Larger weights stay in the saved
+    data file, which ONNX Runtime reads when it opens a session: keep the
+    directory while the program runs (a program made with other ``threads``
+    opens a new session).
 
     The session gets this machine's ``default_threads()`` and ``default_providers()``
     (``attrs.evolve(program, threads=..., providers=...)`` for others).
@@ -424,7 +433,7 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
 
     model = ir.load(Path(directory).resolve() / entry["files"][0])
     tensors = [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
-    if sum(t.nbytes for t in tensors) <= _IN_MEMORY_LIMIT:
+    if sum(t.nbytes for t in tensors) <= min(_LOAD_IN_MEMORY_LIMIT, _IN_MEMORY_LIMIT):
         ir.external_data.load_to_model(model)  # the program then outlives its directory
     opset = int(entry.get("opset", MIN_OPSET))
     return OnnxProgram(model=model, io=io, name=name, opset=opset, fixes=entry.get("fixes", ()),

@@ -186,6 +186,17 @@ def test_large_models_go_through_files(lowered, tmp_path, monkeypatch):
         assert torch.equal(candidate(**inputs).logits, program(**inputs).logits)
 
 
+def test_a_loaded_program_over_the_load_limit_reads_its_weights_from_the_saved_file(lowered, tmp_path, monkeypatch):
+    program = lowered("vit")
+    save(tmp_path / "vit", program)
+    monkeypatch.setattr(_onnx, "_LOAD_IN_MEMORY_LIMIT", 10_000)  # below vit's ~320 kB of weights
+    loaded = load(tmp_path / "vit")
+    weights = [v.const_value for v in loaded.model.graph.initializers.values() if v.const_value is not None]
+    assert sum(t.nbytes for t in weights if isinstance(t, ir.ExternalTensor)) > 10_000  # not read into Python
+    inputs = new_inputs("vit")
+    assert torch.equal(loaded(**inputs).logits, program(**inputs).logits)
+
+
 # --- errors -----------------------------------------------------------------------------------
 
 
