@@ -167,7 +167,9 @@ def decompose(
     hooks (2 new tokens, more when needed so that the decode step sees a past
     of at least 2 and does not specialise that axis).
 
-    Components: decoder-only models give ``prefill`` and ``decode``;
+    Components: decoder-only models give ``prefill`` and ``decode`` (one
+    ``decode`` for prompt and steps by default when the cache is all
+    full-attention layers, see ``multi_token_decode``);
     encoder-decoder models give ``encoder``, ``prefill`` and ``decode``;
     multimodal models give ``image_encoder`` / ``video_encoder`` /
     ``audio_encoder`` (the model's ``get_<modality>_features``, which
