@@ -17,6 +17,7 @@ import torch
 from toolz import curry
 from torch.utils import _pytree as pytree
 
+from hfx._capture.decompose import prompt_component
 from hfx._capture.positions import next_positions, prompt_positions, text_positions
 from hfx._capture.vision_inputs import computed_vision_inputs
 from hfx._contract import input_keys, load_spec
@@ -281,7 +282,7 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
     ``features``: the encoded, projected features a split multimodal prefill merges into the prompt.
     """
     batch = tokens.shape[0]
-    name = next(n for n in ("language_model", "prefill", "decode") if n in programs)
+    name = prompt_component(programs)
     cache_key = programs.meta.roles.cache_input or "past_key_values"
     state[cache_key] = _initial_cache(programs[name], batch, cache_key)
     mask = state[mask_key]

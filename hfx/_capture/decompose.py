@@ -8,7 +8,7 @@ models, called outside ``forward``), the prefill and a decode step.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -233,10 +233,9 @@ def decompose(
     steps = _steps(model, inputs, merge)
     recorded = recorded_generate(model, inputs, steps, generation_config)
     calls = recorded.calls
-    if multi_token_decode is None and merge:
-        merge = full_attention_cache(calls)
-    multi_token_decode = merge
-    decode = _pick_decode(calls, multi_token=multi_token_decode)
+    if multi_token_decode is None:  # the default merges only what one graph can fill from an empty cache
+        merge = merge and full_attention_cache(calls)
+    decode = _pick_decode(calls, multi_token=merge)
     if not calls or decode is None:
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
         raise CaptureError(describe("decompose", model, "decode", what, "Pass a prompt of at least 2 tokens."))
@@ -245,10 +244,10 @@ def decompose(
         for name, (module, kwargs) in recorded.encoders.items()
     }
     parts.update({name: part_capture(name, module, kwargs) for name, (module, kwargs) in recorded.parts.items()})
-    if not multi_token_decode and "language_model" not in parts:  # a multi-token decode graph prefills too
+    if not merge and "language_model" not in parts:  # a multi-token decode graph prefills too
         parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
     decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
-    parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=multi_token_decode))
+    parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=merge))
     settings = _generation_settings(model, generation_config)
     if settings.is_encoder_decoder:  # some generate()s (Whisper's) return the decoder ids without the start token
         settings = attrs.evolve(settings, returns_start_token=recorded.length == steps + 1)
@@ -318,6 +317,13 @@ def _may_merge_steps(model: torch.nn.Module, generation_config: Any) -> bool:
     config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
     static = getattr(config, "cache_implementation", None) is not None
     return not (static or getattr(model.config, "is_encoder_decoder", False) or feature_methods(model))
+
+
+def prompt_component(names: Iterable[str]) -> str | None:
+    """Which of the components ``names`` takes the prompt: ``language_model`` (a split multimodal prefill),
+    ``prefill``, else ``decode`` (one graph for prompt and steps); ``None`` without any."""
+    names = set(names)
+    return next((name for name in ("language_model", "prefill", "decode") if name in names), None)
 
 
 def full_attention_cache(calls: list[dict[str, Any]]) -> bool:

@@ -56,7 +56,7 @@ MIN_OPSET = 18
 _IN_MEMORY_LIMIT = 1_500_000_000
 # A loaded program reads weights up to this into memory, so it outlives its directory; larger ones stay in the
 # saved data file, which ONNX Runtime reads itself: read into Python, serialised and parsed, they were held three
-# times (SmolLM-135M's 538 MB of weights: 2387 MB peak RSS after hfx.load, 945 MB from the file).
+# times (SmolLM-135M's 538 MB of weights: 2391 MB peak RSS while generating, 1137 MB from the file; docs/benchmarks.md).
 _LOAD_IN_MEMORY_LIMIT = 256 * 2**20
 
 # Lets ONNX Runtime resolve external data of a model given as bytes (onnxruntime >= 1.18).

@@ -98,14 +98,20 @@ def _recorded_calls(
     names: Iterable[str],
 ) -> dict[str, list[dict[str, Any]]]:
     """The inputs each component of ``names`` got while ``generate`` ran on ``sample`` (``decompose``'s recording)."""
-    from hfx._capture.decompose import as_multi_token_call, encoder_capture, full_attention_cache, part_capture
+    from hfx._capture.decompose import (
+        as_multi_token_call,
+        encoder_capture,
+        full_attention_cache,
+        part_capture,
+        prompt_component,
+    )
     from hfx._capture.recording import recorded_generate, with_padding_mask
 
     inputs = with_padding_mask(Capture(module=model, source=model, kwargs=sample))  # graphs were traced with a mask input
     recorded = recorded_generate(model, inputs, steps, _generation_config(model, generation))
     calls = recorded.calls
     per_component = {"prefill": calls[:1], "decode": calls[1:]}
-    if not {"prefill", "language_model"} & set(names):  # a multi-token decode graph: it prefills too
+    if prompt_component(names) == "decode":  # one graph for prompt and steps: the prompt too
         prompt = [_over_an_empty_cache(calls[0], calls[1])] if len(calls) > 1 and full_attention_cache(calls) else []
         per_component["decode"] = [as_multi_token_call(call) for call in (*prompt, *calls[1:])]
     per_component.update({name: [encoder_capture(name, m, kw, packed=False).kwargs] for name, (m, kw) in recorded.encoders.items()})
