@@ -5,6 +5,10 @@ lowers it to ExecuTorch, ONNX Runtime and OpenVINO, quantizes it with each
 runtime's stage, and measures every form on the same new inputs:
 
     python benchmarks/quantize.py [--out table.md]
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/quantize.py   # torch and oneDNN held to AVX2
+
+The table starts with the machine: the CPU, its ISA flags and how its int8 products accumulate
+(``hfx._cpu``), which decides the int8 forms' ``reduce_range`` and so their accuracy.
 
 Random weights give flat logits, so top-1 agreement (and int4 in general) is
 lower than on a trained model; cosine similarity is the steadier figure.
@@ -28,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import hfx
 from benchmarks._forms import QUANTIZED_FORMS
+from benchmarks._machine import machine
 
 
 def build_model(*, hidden: int, layers: int, vocab: int) -> torch.nn.Module:
@@ -129,7 +134,9 @@ def main() -> None:
     with torch.no_grad():
         reference = model(**inputs).logits
     rows = [measure(name, form, build(), inputs, reference, args.repeats) for name, form, build in forms(exported, calibration)]
-    text = table(rows)
+    info = machine()
+    text = (f"- machine: {info['cpu']}, {info['cores']} cores; ISA: {info['isa']}\n- int8 products: {info['int8']}\n"
+            f"- versions: {info['versions']}\n- command: `{' '.join(sys.argv)}`\n\n{table(rows)}")
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

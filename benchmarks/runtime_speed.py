@@ -30,12 +30,9 @@ import argparse
 import datetime
 import functools
 import json
-import os
-import platform
 import resource
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._child import run_json
 from benchmarks._forms import QUANTIZED_FORMS, Form
+from benchmarks._machine import machine
 
 # Config keyword arguments of each shape; "tiny" is the zoo's Llama (hfx.zoo), where hfx's own per-step overhead shows.
 SHAPES: Mapping[str, dict[str, Any]] = {
@@ -473,31 +471,6 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # --- the report -------------------------------------------------------------------------------------------
-
-
-def machine() -> dict[str, str]:
-    """The CPU model and its vector ISA flags (from lscpu), and the Python and library versions."""
-    import importlib.metadata
-
-    info = {"cpu": platform.processor() or platform.machine(), "isa": "", "cores": str(os.cpu_count())}
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        lscpu = ""
-    for line in lscpu.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "Model name":
-            info["cpu"] = value.strip()
-        if key.strip() == "Flags":
-            info["isa"] = " ".join(f for f in value.split() if f.startswith(("avx", "fma", "amx", "sse4", "f16c")))
-    versions = []
-    for package in ("torch", "transformers", "onnxruntime", "onnxruntime-genai", "executorch", "openvino"):
-        try:
-            versions.append(f"{package} {importlib.metadata.version(package)}")
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    info["versions"] = ", ".join(versions)
-    return info
 
 
 def _cell(value: float | None, digits: int = 1) -> str:

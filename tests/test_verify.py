@@ -9,6 +9,7 @@ from toolz import pipe
 import hfx
 from hfx._verify import OutputDiff, Report
 from tests.helpers import assert_same_state, new_inputs, state_of
+from tests.tolerances import FP32_PARITY
 
 
 def test_report_lists_every_output(exported, models):
@@ -87,7 +88,7 @@ def test_a_per_item_list_is_compared_with_the_joined_tensor():
 
 
 def test_verify_model_inputs_is_a_stage_that_pipes(exported, models):
-    report = pipe(exported("bert"), hfx.verify(models("bert"), new_inputs("bert"), atol=1e-4))
+    report = pipe(exported("bert"), hfx.verify(models("bert"), new_inputs("bert"), atol=FP32_PARITY))
     assert isinstance(report, Report) and report.passed
 
 

@@ -8,6 +8,7 @@ import torch
 import hfx
 from hfx import zoo
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE
+from tests.tolerances import FP32_PARITY, FP32_PARITY_RTOL
 
 # One architecture per family that the other test files do not already export on every runtime (they cover
 # llama, qwen3, bert, vit, t5, whisper, llava and mamba): each is exported once and lowered to every runtime.
@@ -45,12 +46,12 @@ def _row(inputs: dict, row: int) -> dict:
     return one
 
 
-def _rows_alone_match_the_batch(model: torch.nn.Module, inputs: dict) -> float:
-    """How far each row's first output, run alone, is from the same row run in the batch."""
+def _rows_alone_match_the_batch(model: torch.nn.Module, inputs: dict) -> tuple[float, float]:
+    """How far each row's first output, run alone, is from the same row run in the batch; and its largest magnitude."""
     with torch.no_grad():
         batched = model(**inputs)[0]
         alone = [model(**_row(inputs, row))[0] for row in range(batched.shape[0])]
-    return max((batched[row] - out[0]).abs().max().item() for row, out in enumerate(alone))
+    return max((batched[row] - out[0]).abs().max().item() for row, out in enumerate(alone)), batched.abs().max().item()
 
 
 @pytest.mark.parametrize("name", list(zoo.ENTRIES))
@@ -59,7 +60,10 @@ def test_entry_inputs_give_a_row_the_same_output_alone_and_in_a_padded_batch(mod
     # token_type_ids did not (its all-ones mask is dropped and attention turns bidirectional).
     # Packed-image models' forward inputs hold batch-wide tensors (cu_seqlens); their generate inputs slice by row.
     inputs = (zoo.inputs if zoo.entry(name).forward else zoo.forward_inputs)(name, **NEW_SHAPE)
-    assert _rows_alone_match_the_batch(models(name), inputs) < 1e-4
+    # One row alone and in a batch of 3 run GEMMs of other shapes, so other blockings sum in another order: the
+    # float32 parity bound, scaled with the output (logits reach ~15 in Whisper and BART, ~360 in T5; Whisper was 1.5e-4 off on an AVX2-only CPU).
+    diff, scale = _rows_alone_match_the_batch(models(name), inputs)
+    assert diff <= FP32_PARITY + FP32_PARITY_RTOL * scale
 
 
 def test_zoo_covers_every_family_of_the_issue():

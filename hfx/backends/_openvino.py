@@ -23,6 +23,7 @@ import attrs
 from toolz import curry
 
 from hfx._contract import call
+from hfx._cpu import onednn_capped_below_vnni
 from hfx._errors import LoweringError, describe
 from hfx._lift import per_component
 from hfx._records import Capture, Exported, IoSpec, TensorSpec
@@ -117,11 +118,22 @@ def _fed_inputs(model: Any, io: IoSpec) -> tuple[int, ...]:
     return tuple(position[port.get_any_name()] for port in model.inputs)
 
 
+def compile_options(*, stateful: bool) -> dict[str, str]:
+    """``COMPILE_OPTIONS`` (``STATEFUL_COMPILE_OPTIONS`` for a stateful model), with the workaround below if needed."""
+    options = dict(STATEFUL_COMPILE_OPTIONS if stateful else COMPILE_OPTIONS)
+    if onednn_capped_below_vnni():
+        # Workaround (OpenVINO 2026.4.1, measured): with ONEDNN_MAX_CPU_ISA capped below VNNI on a VNNI CPU the
+        # plugin still picks its int8 dynamic-quantization kernels for compressed weights from the CPU, and the
+        # capped oneDNN cannot build them ("FullyConnectedCompressed ... could not create a primitive
+        # descriptor"). Off, compressed weights are decompressed to f32. Only runs with that variable set.
+        options["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
+    return options
+
+
 def _compile(program: OvProgram) -> Any:
-    """``program.model`` compiled for ``program.device`` with ``COMPILE_OPTIONS``."""
+    """``program.model`` compiled for ``program.device`` with ``compile_options``."""
     try:
-        options = STATEFUL_COMPILE_OPTIONS if program.state else COMPILE_OPTIONS
-        return _core().compile_model(program.model, program.device, dict(options))
+        return _core().compile_model(program.model, program.device, compile_options(stateful=bool(program.state)))
     except Exception as exc:  # OpenVINO's errors derive from Exception, not RuntimeError
         what = f"OpenVINO could not compile the model for device {program.device!r}: {_gist(exc)}."
         todo = f"Available devices: {_core().available_devices}."

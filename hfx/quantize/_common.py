@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -26,6 +26,25 @@ def check_positive_int(stage: str, option: str, value: Any, examples: str) -> No
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         msg = f"{stage}: {option} must be a positive int ({examples}), got {value!r}"
         raise ValueError(msg)
+
+
+def int8_reduce_range(stage: str, value: Any, *, int8: bool, without_saturation: Callable[[], bool]) -> bool:
+    """``reduce_range`` resolved: the given bool, else 7-bit weights where ``without_saturation()`` says the CPU's
+    int8 kernels would saturate (``hfx._cpu``); always False for a form without int8 activations (``int8=False``).
+
+    Raises:
+        ValueError: ``value`` is neither None nor a bool, or a bool for a form it does not apply to.
+    """
+    if value is not None and not isinstance(value, bool):
+        msg = f"{stage}: reduce_range must be True, False or None (decided from this CPU), got {value!r}"
+        raise ValueError(msg)
+    if not int8:
+        if value is not None:
+            msg = (f"{stage}: reduce_range applies only to the modes that quantize activations to int8 (7-bit "
+                   "weights keep CPUs without VNNI from saturating); drop it")
+            raise ValueError(msg)
+        return False
+    return not without_saturation() if value is None else value
 
 
 @contextlib.contextmanager

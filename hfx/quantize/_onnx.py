@@ -11,12 +11,14 @@ from typing import Any
 import attrs
 from toolz import curry
 
+from hfx._cpu import int8_dot_product_without_saturation
 from hfx._lift import per_component
 from hfx.quantize._calibration import Calibration, named_feeds
 from hfx.quantize._common import (
     check_choice,
     check_positive_int,
     component_samples,
+    int8_reduce_range,
     quantization_error,
     quietly,
     with_quantization,
@@ -38,7 +40,8 @@ _BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 @curry
 def quantize_onnx(
-    program: Any, /, *, mode: str = "dynamic", calibration: Calibration | None = None, group_size: int = 32
+    program: Any, /, *, mode: str = "dynamic", calibration: Calibration | None = None, group_size: int = 32,
+    reduce_range: bool | None = None,
 ) -> Any:
     """Quantize an ONNX program with ONNX Runtime's quantizer; return a new ``OnnxProgram``.
 
@@ -47,7 +50,9 @@ def quantize_onnx(
     activation ranges are observed on ``calibration``; ``"int4"`` stores the
     weights of every ``MatMul`` with a constant weight (the linears, the LM head)
     as int4 per block of ``group_size`` inputs, run by ``MatMulNBits`` (ONNX
-    Runtime's ``matmul_nbits_quantizer``, round to nearest). The model goes to ONNX
+    Runtime's ``matmul_nbits_quantizer``, round to nearest). The int8 modes store 7-bit
+    weights (``reduce_range``) where the CPU's int8 kernels would saturate: x86 without VNNI
+    or AMX (``hfx._cpu``; ONNX Runtime's guidance for such CPUs). The model goes to ONNX
     Runtime as a file with external data, so models over 2 GB quantize. The
     given program is not changed. ``pipe(model, capture(inputs), lower_to_onnx, quantize_onnx)``.
 
@@ -57,13 +62,16 @@ def quantize_onnx(
         calibration: input dicts for the model, or ``{component: [input dicts]}``
             (``hfx.calibration_inputs``); required for ``"static"``.
         group_size: ``"int4"``'s block: how many inputs share a scale (16, 32, 64, 128 or 256).
+        reduce_range: 7-bit int8 weights (``"dynamic"``, ``"static"``), so that CPUs without VNNI
+            do not saturate; ``None`` decides from this CPU. Pass ``True`` for a program that will
+            run on other CPUs than this one (an AVX2 fleet); ``"int4"`` takes only ``None``.
 
     Returns:
         A new ``OnnxProgram`` with the same ``io`` (``Components`` of them, with ``meta.quantization``).
 
     Raises:
-        ValueError: an unknown ``mode``, ``"static"`` without calibration, or a ``group_size``
-            MatMulNBits does not take.
+        ValueError: an unknown ``mode``, ``"static"`` without calibration, a ``group_size``
+            MatMulNBits does not take, or ``reduce_range`` that is not a bool (or set for ``"int4"``).
         ImportError: onnxruntime is missing (install ``hfx[onnx]``).
         LoweringError: ONNX Runtime's quantizer failed.
 
@@ -78,12 +86,17 @@ def quantize_onnx(
     if group_size not in _BLOCK_SIZES:
         msg = f"{STAGE}: group_size must be one of {list(_BLOCK_SIZES)} (MatMulNBits' blocks), got {group_size!r}"
         raise ValueError(msg)
-    result = per_component(_quantize, name=STAGE)(program, mode=mode, calibration=calibration, group_size=group_size)
+    reduce_range = int8_reduce_range(STAGE, reduce_range, int8=mode != "int4",
+                                     without_saturation=int8_dot_product_without_saturation)
+    result = per_component(_quantize, name=STAGE)(program, mode=mode, calibration=calibration, group_size=group_size,
+                                                  reduce_range=reduce_range)
     entry = {"stage": STAGE, "mode": mode, "calibrated": calibration is not None}
-    return with_quantization(result, {**entry, "group_size": group_size} if mode == "int4" else entry)
+    return with_quantization(result, {**entry, "group_size": group_size} if mode == "int4" else
+                             {**entry, "reduce_range": reduce_range})
 
 
-def _quantize(program: Any, /, *, mode: str, calibration: Calibration | None, group_size: int) -> Any:
+def _quantize(program: Any, /, *, mode: str, calibration: Calibration | None, group_size: int,
+              reduce_range: bool) -> Any:
     """One component: the model written to a temporary directory, quantized there and read back into memory."""
     from hfx.backends._common import require
     from hfx.backends._onnx import OnnxProgram
@@ -95,7 +108,7 @@ def _quantize(program: Any, /, *, mode: str, calibration: Calibration | None, gr
     # ONNX Runtime's quantizer logs its advice through the root logger.
     with tempfile.TemporaryDirectory(prefix="hfx-quantize-onnx-") as tmp, quietly("root", "onnxruntime") as log:
         try:
-            model = _quantized_model(program.model, Path(tmp), mode, feeds, group_size)
+            model = _quantized_model(program.model, Path(tmp), mode, feeds, group_size, reduce_range)
         except Exception as exc:
             todo = "Try mode='dynamic', or lower with optimize=False and quantize again."
             raise quantization_error(STAGE, "", program.name, exc, todo, log.getvalue()) from exc
@@ -103,7 +116,7 @@ def _quantize(program: Any, /, *, mode: str, calibration: Calibration | None, gr
 
 
 def _quantized_model(model: Any, directory: Path, mode: str, feeds: list[dict[str, Any]] | None,
-                     group_size: int) -> Any:
+                     group_size: int, reduce_range: bool) -> Any:
     """``model`` saved in ``directory``, quantized by ONNX Runtime and loaded back with its weights in memory."""
     import onnx_ir as ir
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
@@ -113,11 +126,12 @@ def _quantized_model(model: Any, directory: Path, mode: str, feeds: list[dict[st
     if mode == "int4":
         _int4(source, target, group_size)
     elif mode == "dynamic":
-        quantize_dynamic(source, target, per_channel=True, weight_type=QuantType.QInt8, use_external_data_format=True)
+        quantize_dynamic(source, target, per_channel=True, reduce_range=reduce_range, weight_type=QuantType.QInt8,
+                         use_external_data_format=True)
     else:
         quantize_static(
             source, target, _Feeds(feeds or []), quant_format=QuantFormat.QDQ, per_channel=True,
-            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, use_external_data_format=True,
+            reduce_range=reduce_range, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, use_external_data_format=True,
         )
     quantized = ir.load(target)
     ir.external_data.load_to_model(quantized)  # the program outlives the temporary directory

@@ -9,12 +9,13 @@ from toolz import pipe
 import hfx
 from hfx import zoo
 from tests.helpers import PARITY_MODELS, assert_same_state, new_inputs, state_of
+from tests.tolerances import FP32_PARITY
 
 
 @pytest.mark.parametrize("name", PARITY_MODELS)
 def test_exported_matches_eager_on_new_shapes(exported, models, name):
     report = hfx.verify(models(name), new_inputs(name), exported(name))
-    assert report.passed and report.max_abs <= 1e-4, str(report)
+    assert report.passed and report.max_abs <= FP32_PARITY, str(report)
 
 
 @pytest.mark.parametrize("name", PARITY_MODELS)

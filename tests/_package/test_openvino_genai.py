@@ -9,6 +9,7 @@ from toolz import pipe
 
 import hfx
 from hfx import zoo
+from tests.tolerances import FP32_PARITY
 
 ov = pytest.importorskip("openvino")
 genai = pytest.importorskip("openvino_genai")
@@ -90,7 +91,7 @@ def test_stateful_model_keeps_the_given_model_and_reorders_by_beam_idx(parts):
     expected = program(input_ids=token, attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], -1),
                        position_ids=positions[:, -1:] + 1,
                        past_key_values=program(**feed, past_key_values=_empty_cache(program)).past_key_values).logits[:, -1]
-    torch.testing.assert_close(torch.tensor(swapped), expected.flip(0), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.tensor(swapped), expected.flip(0), atol=FP32_PARITY, rtol=FP32_PARITY)
 
 
 def _empty_cache(program):

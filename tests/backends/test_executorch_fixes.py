@@ -32,6 +32,7 @@ from hfx.backends._executorch_fixes import (  # noqa: E402
     patch_xnnpack_tanh_gelu,
 )
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE  # noqa: E402
+from tests.tolerances import FP32_ONE_BLOCK, FP32_SAME_KERNELS  # noqa: E402
 
 _FLASH_FOR_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _HIDDEN, _HEADS = 32, 4
@@ -176,7 +177,7 @@ def test_a_chunk_of_the_batch_dim_keeps_the_batch_dynamic():
     program = _lowered_tiny(module, torch.randn(2, 5, 4), {0: "batch"})
     assert program.io.bounds["batch"] == (1, DEFAULT_MAX_SIZES["batch"])
     x = torch.randn(3, 5, 4)
-    assert torch.allclose(program(values=x), module(x), atol=1e-5)
+    assert torch.allclose(program(values=x), module(x), atol=FP32_ONE_BLOCK)
 
 
 def test_without_the_validator_patch_a_chunk_still_fixes_the_batch():
@@ -259,7 +260,7 @@ def test_a_conv1d_with_two_dynamic_dims_lowers_and_runs_at_new_sizes():
     module = _Conv1d()
     program = _lowered_tiny(module, torch.randn(2, 2, 20), {0: "batch", 2: "frames"}, name="input_values")
     x = torch.randn(3, 2, 33)
-    assert torch.allclose(program(input_values=x), module(x), atol=1e-5)
+    assert torch.allclose(program(input_values=x), module(x), atol=FP32_ONE_BLOCK)
 
 
 def test_without_the_conv1d_patch_xnnpack_still_cannot_serialise_the_reshapes():
@@ -276,8 +277,8 @@ def test_the_tanh_gelu_is_computed_as_asked():
     x = torch.randn(3, 4) * 3
     hidden = module.proj(x)
     erf_gap = (torch.nn.functional.gelu(hidden) - module(x)).abs().max()
-    assert erf_gap > 1e-4  # the erf GELU XNNPACK would compute is told apart at this tolerance
-    assert (program(values=x) - module(x)).abs().max() < 1e-5
+    assert erf_gap > 10 * FP32_ONE_BLOCK  # the erf GELU XNNPACK would compute is told apart at this tolerance
+    assert (program(values=x) - module(x)).abs().max() < FP32_ONE_BLOCK
 
 
 def test_without_the_gelu_patch_xnnpack_still_computes_the_erf_gelu():
@@ -287,7 +288,7 @@ def test_without_the_gelu_patch_xnnpack_still_computes_the_erf_gelu():
     program = lower_to_pte(_exported_tiny(module, torch.randn(2, 4) * 3, {0: "batch"}),
                            patches=_without(patch_xnnpack_tanh_gelu))
     x = torch.randn(3, 4) * 3
-    torch.testing.assert_close(program(values=x), torch.nn.functional.gelu(module.proj(x)), atol=1e-5, rtol=0)
+    torch.testing.assert_close(program(values=x), torch.nn.functional.gelu(module.proj(x)), atol=FP32_ONE_BLOCK, rtol=0)
 
 
 def test_the_conv1d_check_refuses_two_dynamic_dims_only_for_1d_convolutions():
@@ -332,7 +333,7 @@ def test_the_decomposition_lays_out_its_output_as_the_kernel_does(layout):
     want = _FLASH_FOR_CPU(query, query, query)[0]
     got = flash_attention_for_cpu_like_query(query, query, query)[0]
     assert got.stride() == want.stride()
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got, want, atol=FP32_SAME_KERNELS, rtol=FP32_ONE_BLOCK)
 
 
 def test_laid_out_like_keeps_the_values():
@@ -355,7 +356,7 @@ def test_a_conv1d_attention_lowers_and_matches_eager_on_new_shapes(attention):
     model, exported = attention
     torch.manual_seed(1)
     report = verify(model, _attention_inputs(**NEW_SHAPE), lower_to_pte(exported))
-    assert report.max_abs <= 1e-5, str(report)
+    assert report.max_abs <= FP32_ONE_BLOCK, str(report)
 
 
 def test_decomposing_leaves_the_program_and_the_table_unchanged(attention):
@@ -398,7 +399,7 @@ def test_memory_is_planned_at_the_exact_upper_bound_of_correlated_sizes():
     assert program.planned_bytes < 64 * 1024
     for length in (7, 64):
         x = torch.randn(4, length)
-        assert torch.allclose(program(values=x), module(x), atol=1e-5)
+        assert torch.allclose(program(values=x), module(x), atol=FP32_ONE_BLOCK)
 
 
 def test_without_the_exact_bounds_patch_correlated_sizes_are_still_planned_too_large():

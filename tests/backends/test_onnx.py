@@ -24,6 +24,7 @@ from hfx._verify import verify  # noqa: E402
 from hfx.backends import ONNX_FIXES, _onnx  # noqa: E402
 from hfx.backends._onnx import OnnxProgram, lower_to_onnx  # noqa: E402
 from tests.helpers import PARITY_MODELS, new_inputs  # noqa: E402
+from tests.tolerances import FP32_PARITY, FP32_SAME_KERNELS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def _dims(value) -> list[int | str]:
 def test_parity_on_new_shapes(name, models, lowered):
     program = lowered(name)
     report = verify(models(name), new_inputs(name), program)
-    assert report.max_abs <= 1e-4, str(report)
+    assert report.max_abs <= FP32_PARITY, str(report)
     with torch.no_grad():
         eager = models(name)(**new_inputs(name), **program.io.constants)
     assert type(program(**new_inputs(name))) is type(eager)
@@ -96,7 +97,7 @@ def test_capture_is_exported_first(linear):
     program = lower_to_onnx(capture)
     assert isinstance(program, OnnxProgram)
     x = torch.randn(5, 3)
-    torch.testing.assert_close(program(input=x), model(x).detach(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(program(input=x), model(x).detach(), atol=FP32_SAME_KERNELS, rtol=0)
 
 
 def test_components_are_mapped_and_options_curried(linear):
@@ -259,7 +260,7 @@ def test_lowers_transformers_experts():
     exported = hfx.export(hfx.capture(zoo.forward_inputs("mixtral", batch=2, sequence=7), model))
     new = zoo.forward_inputs("mixtral", batch=3, sequence=11)
     report = verify(model, new, lower_to_onnx(exported))
-    assert report.max_abs <= 1e-4, str(report)
+    assert report.max_abs <= FP32_PARITY, str(report)
 
 
 def test_the_fixes_option_wraps_the_export_in_an_extra_fix(linear):
@@ -277,7 +278,7 @@ def test_the_fixes_option_wraps_the_export_in_an_extra_fix(linear):
     assert program.model.doc_string == "a Linear"
     assert program.fixes == (*(fix.__name__ for fix in ONNX_FIXES), "documented")
     x = torch.randn(4, 3)
-    torch.testing.assert_close(program(input=x), model(x).detach(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(program(input=x), model(x).detach(), atol=FP32_SAME_KERNELS, rtol=0)
 
 
 def test_no_fixes_lowers_a_plain_model_alike(linear):

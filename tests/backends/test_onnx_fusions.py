@@ -13,6 +13,7 @@ from hfx.backends import ORT_ATTENTION_FUSIONS, ORT_FUSIONS  # noqa: E402
 from hfx._generate import _initial_cache  # noqa: E402
 from hfx.backends._onnx import default_providers, default_threads  # noqa: E402
 from tests.helpers import NEW_SHAPE, eager_tokens  # noqa: E402
+from tests.tolerances import FP32_ONE_BLOCK, FP32_PARITY  # noqa: E402
 
 DECODERS = ("llama", "qwen2", "mistral")  # mistral: a sliding window shorter than the prompts
 FUSED = {"GroupQueryAttention", "RotaryEmbedding", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
@@ -72,11 +73,11 @@ def test_prefill_logits_and_cache_match_eager(lowered):
                                                                                    "past_key_values"))
     with torch.no_grad():
         want = model(**inputs, position_ids=positions, use_cache=True)
-    torch.testing.assert_close(got.logits[:, -1], want.logits[:, -1], atol=1e-4, rtol=0)
+    torch.testing.assert_close(got.logits[:, -1], want.logits[:, -1], atol=FP32_PARITY, rtol=0)
     valid = inputs["attention_mask"].bool()[:, None, :, None]  # padded positions' keys are never read
     for layer, (ours, theirs) in enumerate(zip(got.past_key_values.layers, want.past_key_values.layers)):
-        torch.testing.assert_close(ours.keys * valid, theirs.keys * valid, atol=1e-5, rtol=0, msg=f"layer {layer}")
-        torch.testing.assert_close(ours.values * valid, theirs.values * valid, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours.keys * valid, theirs.keys * valid, atol=FP32_ONE_BLOCK, rtol=0, msg=f"layer {layer}")
+        torch.testing.assert_close(ours.values * valid, theirs.values * valid, atol=FP32_ONE_BLOCK, rtol=0)
 
 
 def test_multi_token_decode_takes_a_block_over_a_past(lowered):
@@ -90,7 +91,7 @@ def test_multi_token_decode_takes_a_block_over_a_past(lowered):
         want = model(**inputs, position_ids=positions).logits
         past = model(input_ids=ids[:, :8], attention_mask=mask[:, :8], position_ids=positions[:, :8]).past_key_values
     got = decode(input_ids=ids[:, 8:], attention_mask=mask, position_ids=positions[:, 8:], past_key_values=past)
-    torch.testing.assert_close(got.logits, want[:, 8:], atol=1e-4, rtol=0)  # 4 tokens at once over 8, batch 2
+    torch.testing.assert_close(got.logits, want[:, 8:], atol=FP32_PARITY, rtol=0)  # 4 tokens at once over 8, batch 2
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=12), eager_tokens(model, inputs, 12))
 
 

@@ -16,6 +16,7 @@ from hfx import zoo
 from hfx._save import load, save
 from hfx._verify import verify
 from tests.helpers import PARITY_MODELS, new_inputs
+from tests.tolerances import FP32_PARITY
 
 openvino = pytest.importorskip("openvino")
 
@@ -46,7 +47,7 @@ def _linear(out_features: int = 2) -> hfx.Capture:
 def test_matches_eager_on_new_shapes(name, models, lowered):
     program, _ = lowered(name)
     report = verify(models(name), new_inputs(name), program)
-    assert report.max_abs <= 1e-4, str(report)
+    assert report.max_abs <= FP32_PARITY, str(report)
     with torch.no_grad():
         assert type(program(**new_inputs(name))) is type(models(name)(**new_inputs(name)))
 
@@ -118,6 +119,8 @@ def test_runs_bfloat16_inputs_and_outputs():
     got = program(input=x)
     assert got.dtype == torch.bfloat16
     with torch.no_grad():
+        # bfloat16 keeps 8 significant bits: each rounding is off by up to 2**-8 = 0.4% of the value, a few of
+        # them in series and a sum over the inputs in bf16: 5% of the output's magnitude.
         torch.testing.assert_close(got.float(), model.float()(x.float()), atol=0.05, rtol=0.05)
 
 
@@ -182,7 +185,7 @@ def test_lowers_transformers_experts():
     model = zoo.build("mixtral")
     exported = hfx.export(hfx.capture(zoo.forward_inputs("mixtral", batch=2, sequence=7), model))
     report = verify(model, zoo.forward_inputs("mixtral", batch=3, sequence=11), lower_to_ov(exported))
-    assert report.max_abs <= 1e-4, str(report)
+    assert report.max_abs <= FP32_PARITY, str(report)
 
 
 def test_the_graph_fixes_option_applies_an_extra_fix_to_the_decomposed_copy():

@@ -18,6 +18,7 @@ from hfx.patches import (
     with_patches,
 )
 from hfx.patches._ssm import DEFAULT_PREFIX_SCAN_LENGTH, prefix_selective_scan, scanned_selective_scan
+from tests.tolerances import FP32_ONE_BLOCK, FP32_SAME_KERNELS
 
 KERNEL = 4
 
@@ -103,8 +104,8 @@ def test_prefix_selective_scan_is_the_reference_to_rounding(length):
     args, kwargs = _selective_scan_inputs(length)
     reference, reference_state = modeling_mamba.mamba_selective_scan(*args, **kwargs)
     output, state = prefix_selective_scan(*args, **kwargs)
-    torch.testing.assert_close(output, reference, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(state, reference_state, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(output, reference, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+    torch.testing.assert_close(state, reference_state, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
 
 
 def test_prefix_selective_scan_exports_without_loops_and_bounds_the_length():
@@ -117,7 +118,7 @@ def test_prefix_selective_scan_exports_without_loops_and_bounds_the_length():
     program = torch.export.export(Scan(), args, dynamic_shapes=({2: length}, {2: length}, None, {2: length}, {2: length}))
     assert not [n for n in program.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)]
     new_args, _ = _selective_scan_inputs(40)  # another length, across three chunks
-    torch.testing.assert_close(program.module()(*new_args), modeling_mamba.mamba_selective_scan(*new_args), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(program.module()(*new_args), modeling_mamba.mamba_selective_scan(*new_args), rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
     unbounded = torch.export.Dim("unbounded")  # the doubling steps cover DEFAULT_PREFIX_SCAN_LENGTH; export says so
     with pytest.raises(torch._dynamo.exc.UserError, match=f"max={DEFAULT_PREFIX_SCAN_LENGTH}"):
         torch.export.export(Scan(), args, dynamic_shapes=({2: unbounded}, {2: unbounded}, None, {2: unbounded}, {2: unbounded}))
@@ -160,7 +161,7 @@ def test_chunk_scan_same_output_and_state(mamba2, length):
         output, state = modeling_mamba2.mamba2_chunk_scan(*args, **kwargs)
     assert torch.equal(output, reference)
     # The extra all-zero chunk adds exact zeros to the inter-chunk sum, whose order may change by one ulp.
-    torch.testing.assert_close(state, reference_state, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(state, reference_state, rtol=FP32_SAME_KERNELS, atol=FP32_SAME_KERNELS)
 
 
 def test_chunk_scan_touches_only_the_models_own_modules(mamba):

@@ -7,7 +7,17 @@ import torch
 from toolz import pipe
 
 import hfx
-from tests.quantize.metrics import cosine, top1_agreement
+from hfx._cpu import onednn_int8_without_saturation
+from tests.quantize.metrics import (
+    ACTIVATIONS,
+    CHANNEL,
+    MARGIN,
+    cosine,
+    cosine_bound,
+    rounding_rms,
+    top1_agreement,
+)
+from tests.tolerances import FP32_PARITY, FP32_SAME_KERNELS
 
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
@@ -22,9 +32,14 @@ def _constant_types(program):
     return {str(op.get_output_element_type(0)) for op in program.model.get_ordered_ops() if op.get_type_name() == "Constant"}
 
 
-# Measured on the random-init tiny Llama: cosine 0.9999 / 0.994, top-1 0.97 / 0.76 (flat random logits).
-@pytest.mark.parametrize(("mode", "weight_type", "bound", "top1"),
-                         [("int8", "<Type: 'uint8_t'>", 0.999, 0.9), ("int4", "<Type: 'int4_t'>", 0.98, 0.6)])
+# Weights only, activations stay float: int8 asymmetric per channel (255 steps over 64 inputs), int4 symmetric per
+# group of 32 (15 steps). On CPUs with VNNI or AMX the plugin also quantizes activations to int8 per group of 32
+# (its dynamic quantization, ~0.5% more): the int8 bound leaves 4x room for it. The top-1 bounds: a position's
+# argmax flips where its top two of 256 flat random logits are closer than the error, 1% or 10% of their spread.
+@pytest.mark.parametrize(("mode", "weight_type", "bound", "top1"), [
+    ("int8", "<Type: 'uint8_t'>", cosine_bound(rounding_rms(255, CHANNEL), rounding_rms(255, 32)), 0.9),
+    ("int4", "<Type: 'int4_t'>", cosine_bound(rounding_rms(15, 32)), 0.6),
+])
 def test_weight_compression(ov, reference, mode, weight_type, bound, top1):
     before = _constant_types(ov)
     quantized = pipe(ov, hfx.quantize_ov(mode=mode, group_size=32))
@@ -35,7 +50,15 @@ def test_weight_compression(ov, reference, mode, weight_type, bound, top1):
     assert cosine(logits, got) > bound
     assert top1_agreement(logits, got) > top1
     assert _constant_types(ov) == before
-    assert torch.allclose(ov(**inputs).logits, logits, atol=1e-4)
+    assert torch.allclose(ov(**inputs).logits, logits, atol=FP32_PARITY)
+
+
+# nncf.quantize's transformer preset: int8 activations per tensor (ranges from 3 samples) into every linear and into
+# the attention (query and key after the rotary embedding), per-channel int8 weights (7-bit where the CPU's kernels
+# would saturate: hfx._cpu). The zoo's large random init makes the attention logits large, and the softmax
+# multiplies their error: this is the linears' bound with 4x the calibrated margin. Measured 0.9921-0.9924 with
+# VNNI, and with oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, which without the 7-bit weights gave 0.9895).
+STATIC_BOUND = cosine_bound(rounding_rms(127, CHANNEL), rounding_rms(255, ACTIVATIONS), margin=8 * MARGIN)
 
 
 def test_static_int8_calibrates_and_round_trips(ov, samples, reference, tmp_path):
@@ -44,9 +67,16 @@ def test_static_int8_calibrates_and_round_trips(ov, samples, reference, tmp_path
     assert quantized.graph_fixes == ov.graph_fixes != ()  # what the quantized graph was lowered with
     inputs, logits = reference
     got = quantized(**inputs).logits
-    assert cosine(logits, got) > 0.99  # measured 0.993
+    assert cosine(logits, got) > STATIC_BOUND
     loaded = hfx.load(hfx.save(tmp_path / "ov", quantized))
-    assert torch.allclose(loaded(**inputs).logits, got, atol=1e-5)
+    assert torch.allclose(loaded(**inputs).logits, got, atol=FP32_SAME_KERNELS)  # the same model compiled again
+
+
+def test_static_reduce_range_defaults_to_what_this_cpu_needs_and_is_recorded(exported, samples):
+    parts = hfx.lower_to_ov(hfx.Components(items={"model": exported("llama")}))
+    quantized = hfx.quantize_ov(parts, mode="int8-static", calibration={"model": samples[:1]})
+    assert quantized.meta.quantization == {"stage": "quantize_ov", "mode": "int8-static", "calibrated": True,
+                                           "reduce_range": not onednn_int8_without_saturation()}
 
 
 def test_static_needs_calibration(ov):
@@ -58,6 +88,8 @@ def test_static_needs_calibration(ov):
     ({"mode": "int2"}, r"quantize_ov: mode must be one of \['int4', 'int8', 'int8-static'\], got 'int2'"),
     ({"mode": "int4", "ratio": 0}, r"quantize_ov: ratio must be a number in \(0, 1\]"),
     ({"mode": "int4", "group_size": 0}, r"quantize_ov: group_size must be a positive int"),
+    ({"mode": "int8", "reduce_range": True}, r"quantize_ov: reduce_range applies only to the modes that quantize activations"),
+    ({"mode": "int8-static", "reduce_range": 1}, r"quantize_ov: reduce_range must be True, False or None"),
 ])
 def test_bad_options_name_the_stage(ov, options, match):
     with pytest.raises(ValueError, match=match):
