@@ -67,6 +67,23 @@ def side_by_side(cells: dict[str, Any]) -> list[str]:
     return rows
 
 
+def column_versions(cells: dict[str, Any]) -> list[str]:
+    """Which torch and transformers releases each column's cells ran on (each cell records its own)."""
+    rows = ["| column | " + " | ".join(TOOLS) + " |", "|---|" + "---|" * len(TOOLS)]
+    for runtime in RUNTIMES:
+        for kind in KINDS:
+            seen = []
+            for tool in TOOLS:
+                found: dict[str, int] = {}
+                for key, result in cells.items():
+                    if key.endswith(f",{runtime},{kind},{tool}"):
+                        versions = result.get("versions", "not recorded")
+                        found[versions] = found.get(versions, 0) + 1
+                seen.append("; ".join(f"{v} ({n})" for v, n in sorted(found.items())) or "-")
+            rows.append(f"| {runtime} {_KIND_LABEL[kind]} | " + " | ".join(seen) + " |")
+    return rows
+
+
 def _keys(tool: str) -> list[str]:
     return [f"{name},{runtime},{kind},{tool}" for name in zoo.ENTRIES for kind in KINDS for runtime in RUNTIMES
             if _applicable(name, kind)]
@@ -126,7 +143,11 @@ def render(results: dict[str, Any]) -> str:
         f"`{_NOT_RUN}` not run yet.",
         "",
         f"Machine: {last.get('machine', {}).get('platform', '?')}, {last.get('machine', {}).get('cpus', '?')} CPUs "
-        "(shared), one thread per cell. Versions: " + (versions or "?") + ".",
+        "(shared), one thread per cell. Versions of the last run: " + (versions or "?") + ".",
+        "",
+        "Releases each column was measured on (cells per release):",
+        "",
+        *column_versions(cells),
         "",
         "Commands run: " + "; ".join(f"`{run['command']}` ({run['started']})" for run in results["runs"]) + ".",
         "",

@@ -106,6 +106,13 @@ def machine() -> dict[str, Any]:
             "versions": versions}
 
 
+def window_versions() -> str:
+    """The torch and transformers releases of this interpreter (the cells' children run it): the window's axes."""
+    import importlib.metadata as md
+
+    return f"torch {md.version('torch')}, transformers {md.version('transformers')}"
+
+
 @contextlib.contextmanager
 def _locked_results() -> Iterator[dict[str, Any]]:
     """The results under an exclusive lock, saved on exit: runs started side by side never drop each other's cells."""
@@ -128,7 +135,8 @@ def run(keys: list[str], *, jobs: int, timeout: float) -> None:
         for future in concurrent.futures.as_completed(futures):
             key, outcome = futures[future], future.result()
             with _locked_results() as results:
-                results["cells"][key] = {**outcome, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+                results["cells"][key] = {**outcome, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                         "versions": window_versions()}
             print(f"{key:<40} {outcome['status']:<5} {outcome.get('wall_s', '')}s {outcome.get('reason', '')}",
                   flush=True)
 
