@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.util
 import json
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -155,16 +156,53 @@ def _decode(value: Any) -> Any:
         return value
     (tag, inner), = value.items()
     if tag == "dtype":
-        return getattr(torch, inner)
+        dtype = getattr(torch, inner, None) if isinstance(inner, str) else None
+        if not isinstance(dtype, torch.dtype):
+            msg = f"a saved cache spec names the dtype {inner!r}, which is not a torch dtype"
+            raise ValueError(msg)
+        return dtype
     if tag == "device":
         return torch.device(inner)
     if tag == "class":
-        module, qualname = inner.split(":")
-        return functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
+        return _named_cache_class(inner)
     if tag == "dict":
         return {_decode(k): _decode(v) for k, v in inner}
     items = [_decode(v) for v in inner]
     return tuple(items) if tag == "tuple" else items
+
+
+def _installed_transformers_module(module: str) -> Any:
+    """``module`` imported if it is a module of the installed transformers package, else None (nothing imported)."""
+    if not module.startswith("transformers.") or not all(part.isidentifier() for part in module.split(".")):
+        return None
+    try:
+        return importlib.import_module(module) if importlib.util.find_spec(module) is not None else None
+    except ImportError:
+        return None
+
+
+def _named_cache_class(name: str) -> type:
+    """The cache class a saved context names (``module:qualname``), found among transformers' cache classes only.
+
+    A saved spec is data from a file: it may name only a transformers cache or cache-layer class (or a model's
+    own ``*Cache`` class in its ``transformers.models`` module, imported from the installed package), so a
+    crafted file chooses no module to import and no object to return.
+
+    Raises:
+        ValueError: ``name`` is anything else; the message names it.
+    """
+    known = {f"{cls.__module__}:{cls.__qualname__}": cls for cls in cache_classes()}
+    if name in known:
+        return known[name]
+    module, _, qualname = name.partition(":") if isinstance(name, str) else ("", "", "")
+    if module.startswith("transformers.models.") and qualname.isidentifier() and qualname.endswith("Cache"):
+        value = vars(_installed_transformers_module(module) or object).get(qualname)
+        if isinstance(value, type) and value.__module__ == module:
+            return value
+    msg = (f"a saved cache spec names the class {name!r}, which is not a transformers cache class; hfx resolves "
+           "classes from a file only among those, so it imports nothing the file chooses. The file was not written "
+           "by hfx.save, or was changed after: export the model again")
+    raise ValueError(msg)
 
 
 def _to_dumpable(context: _Context) -> str:
@@ -238,9 +276,7 @@ def _classes_in_spec(serialised: str) -> tuple[type, ...]:
 
     walk(json.loads(serialised)[1])
     for name in names:  # ModelOutput classes register themselves as pytree nodes when their module is imported
-        module = name.rpartition(".")[0]
-        if module.startswith("transformers."):
-            importlib.import_module(module)
+        _installed_transformers_module(name.rpartition(".")[0])
     known = {f"{c.__module__}.{c.__qualname__}": c for c in cache_classes()}
     return tuple(known[n] for n in sorted(names) if n in known)
 

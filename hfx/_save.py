@@ -151,9 +151,13 @@ def _write_components(
 def load(directory: str | os.PathLike[str], /) -> Any:
     """Load what ``save`` wrote: one program, or ``Components`` when several were saved.
 
+    What the manifest names is resolved, never imported: classes in its specs only among transformers' cache
+    classes (``hfx._pytree``), files only inside ``directory``.
+
     Raises:
         FileNotFoundError: no ``hfx.json`` in ``directory``.
-        ValueError: the manifest was written by a newer hfx schema.
+        ValueError: the manifest was written by a newer hfx schema, names a file outside ``directory``, or its
+            specs name a class hfx does not resolve from a file; the message names the manifest and the entry.
     """
     path = Path(directory)
     manifest_path = path / MANIFEST
@@ -164,14 +168,37 @@ def load(directory: str | os.PathLike[str], /) -> Any:
     if manifest.get("schema_version", 0) > SCHEMA_VERSION:
         msg = f"load: {path} uses manifest schema {manifest['schema_version']}; this hfx reads up to {SCHEMA_VERSION}. Upgrade hfx."
         raise ValueError(msg)
-    programs = {
-        name: _runtime_module(entry["record"]).load_files(entry, path, name=name, io=IoSpec.from_json(entry["io"]))
-        for name, entry in manifest["components"].items()
-    }
+    programs = {name: _load_component(path, name, entry) for name, entry in manifest["components"].items()}
     if manifest.get("single") and len(programs) == 1:
         return next(iter(programs.values()))
-    processor = load_processor(path / manifest["processor"]) if manifest.get("processor") else None
+    processor = load_processor(_inside(path, manifest["processor"], "processor")) if manifest.get("processor") else None
     return Components(items=programs, meta=GenerationMeta.from_json(manifest.get("meta", {})), processor=processor)
+
+
+def _load_component(path: Path, name: str, entry: Mapping[str, Any]) -> Any:
+    """One component of the manifest in ``path``: its files checked to lie inside ``path``, its specs to name only
+    classes hfx resolves from a file (``hfx._pytree``), then loaded by its runtime."""
+    from hfx._contract import load_spec
+
+    for file in entry.get("files", ()):
+        _inside(path, file, f"component {name!r}")
+    io = IoSpec.from_json(entry["io"])
+    try:
+        load_spec(io.in_spec), load_spec(io.out_spec)
+    except ValueError as exc:
+        msg = f"load: {path / MANIFEST}: component {name!r}: {exc}"
+        raise ValueError(msg) from exc
+    return _runtime_module(entry["record"]).load_files(entry, path, name=name, io=io)
+
+
+def _inside(directory: Path, file: Any, what: str) -> Path:
+    """``directory / file``, refused unless ``file`` is a relative path that stays inside ``directory``."""
+    inside = isinstance(file, str) and bool(file) and not Path(file).is_absolute() and ".." not in Path(file).parts
+    if not inside:
+        msg = (f"load: {directory / MANIFEST}: {what} names the file {file!r}, outside the export's directory; "
+               "hfx.save writes only files inside it, so the manifest was not written by hfx or was changed")
+        raise ValueError(msg)
+    return directory / file
 
 
 def load_processor(path: Path) -> Any:

@@ -245,7 +245,7 @@ def test_a_symbolic_attribute_is_a_type_error_naming_it():
 
 def test_the_context_round_trips_through_json():
     static = (("dtype", torch.float16), ("device", torch.device("cpu")), ("layer", cache_utils.DynamicLayer),
-              ("nested", _Outer.Inner), ("sizes", (1, 2)), ("names", ["a", "b"]),
+              ("sizes", (1, 2)), ("names", ["a", "b"]),
               ("flags", {0: True, "k": (torch.int64, None)}), ("scale", 1.5), ("none", None))
     context = _Context(("keys", "values"), static, ("batch_size",))
     dumped = _to_dumpable(context)
@@ -253,9 +253,17 @@ def test_the_context_round_trips_through_json():
     assert isinstance(json.loads(dumped), dict)
     assert loaded == context and loaded.batch == ("batch_size",)
     values = dict(loaded.static)
-    assert values["layer"] is cache_utils.DynamicLayer and values["nested"] is _Outer.Inner
+    assert values["layer"] is cache_utils.DynamicLayer
     assert type(values["sizes"]) is tuple and type(values["names"]) is list
     assert values["flags"] == {0: True, "k": (torch.int64, None)} and type(values["flags"]["k"]) is tuple
+
+
+def test_a_context_naming_a_class_that_is_no_cache_class_is_refused_when_loaded():
+    # Any class is written (a model's own cache layer may hold one), but only cache classes are read back:
+    # a saved context is data from a file and must not choose what gets imported (tests/test_trust.py).
+    dumped = _to_dumpable(_Context(("keys",), (("nested", _Outer.Inner),), ()))
+    with pytest.raises(ValueError, match=r"'tests.test_pytree:_Outer.Inner', which is not a transformers cache class"):
+        _from_dumpable(dumped)
 
 
 def test_a_context_value_json_cannot_hold_is_a_type_error():

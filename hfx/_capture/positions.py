@@ -29,10 +29,17 @@ def text_positions(mask: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=4)
 def _weightless(class_name: str, config_json: str) -> torch.nn.Module:
-    """The model class built from its config on the ``meta`` device: its methods, no weights."""
+    """The model class built from its config on the ``meta`` device: its methods, no weights.
+
+    ``class_name`` comes from a saved manifest: only a transformers model class is built from it.
+    """
     import transformers
 
-    cls = getattr(transformers, class_name)
+    cls = getattr(transformers, class_name, None) if class_name.isidentifier() else None
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        msg = (f"the manifest's model class {class_name!r} is not a transformers model class; hfx builds only "
+               "those from a saved export (for M-RoPE positions). Export the model again with hfx.")
+        raise ValueError(msg)
     config = cls.config_class.from_dict(json.loads(config_json))
     with torch.device("meta"):
         return cls(config)

@@ -9,7 +9,14 @@ from toolz import pipe
 
 import hfx
 from tests.helpers import assert_same_state, state_of
-from tests.quantize.metrics import cosine, top1_agreement
+from tests.quantize.metrics import CHANNEL, cosine, cosine_bound, rounding_rms, top1_agreement
+
+# XNNPACK's schemes quantize activations per token (64 values, asymmetric int8) when the linear runs; the weights
+# are int4 per group of 32 inputs (15 steps) or int8 per output channel (254 steps). Its integer sums are exact
+# on every x86 ISA (int16 products added into int32 without VNNI), so the bounds hold on AVX2 and AVX-512 alike.
+TOKEN = rounding_rms(255, CHANNEL)
+INT4_BOUND = cosine_bound(rounding_rms(15, 32), TOKEN)  # 0.948
+INT8_BOUND = cosine_bound(rounding_rms(254, CHANNEL), TOKEN)  # 0.9996
 
 pytest.importorskip("executorch")
 pytest.importorskip("torchao")
@@ -36,8 +43,8 @@ def test_8da4w_is_an_exported_with_the_same_contract_and_int4_weights(exported, 
     inputs, logits = reference
     got = int4(**inputs).logits
     assert got.shape == logits.shape
-    assert cosine(logits, got) > 0.98  # measured 0.990 on the random-init tiny Llama
-    assert top1_agreement(logits, got) > 0.7
+    assert cosine(logits, got) > INT4_BOUND
+    assert top1_agreement(logits, got) > 0.6  # flips where the top two of 256 flat logits are within the ~10% error
 
 
 def test_8da8w_curried_keeps_the_input_record_unchanged(exported, models, reference):
@@ -46,7 +53,7 @@ def test_8da8w_curried_keeps_the_input_record_unchanged(exported, models, refere
     int8 = pipe(source, hfx.quantize_pt2e(scheme="8da8w"))
     assert "quantized_decomposed.dequantize_per_channel.default" in _targets(int8.program)
     inputs, logits = reference
-    assert cosine(logits, int8(**inputs).logits) > 0.999  # measured 0.9999
+    assert cosine(logits, int8(**inputs).logits) > INT8_BOUND
     assert source.program.graph_module.code == code
     assert all(source.program.state_dict[k] is v for k, v in state.items())
     assert_same_state(models("llama"), model_state)
@@ -59,7 +66,9 @@ def test_pipe_to_pte_runs_on_xnnpack_and_round_trips(int4, models, reference, tm
     assert len(program.buffer) < 0.5 * fp32_bytes
     inputs, logits = reference
     got = program(**inputs).logits
-    assert cosine(logits, got) > 0.98
+    assert cosine(logits, got) > INT4_BOUND
+    # The .pte runs the same quantized arithmetic as the Exported; an activation that lands on a rounding tie
+    # can take the next step in one of them: one step of a token's range (~2% of its spread) on one input.
     assert torch.allclose(got, int4(**inputs).logits, atol=0.05)
     loaded = hfx.load(hfx.save(tmp_path / "pte", program))
     assert torch.equal(loaded(**inputs).logits, got)
