@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -164,7 +165,7 @@ def load(directory: str | os.PathLike[str], /) -> Any:
     if not manifest_path.is_file():
         msg = f"load: {path} has no {MANIFEST}; it was not written by hfx.save"
         raise FileNotFoundError(msg)
-    manifest = json.loads(manifest_path.read_text())
+    manifest = _read_manifest(manifest_path)
     if manifest.get("schema_version", 0) > SCHEMA_VERSION:
         msg = f"load: {path} uses manifest schema {manifest['schema_version']}; this hfx reads up to {SCHEMA_VERSION}. Upgrade hfx."
         raise ValueError(msg)
@@ -188,7 +189,27 @@ def _load_component(path: Path, name: str, entry: Mapping[str, Any]) -> Any:
     except ValueError as exc:
         msg = f"load: {path / MANIFEST}: component {name!r}: {exc}"
         raise ValueError(msg) from exc
-    return _runtime_module(entry["record"]).load_files(entry, path, name=name, io=io)
+    try:
+        return _runtime_module(entry["record"]).load_files(entry, path, name=name, io=io)
+    except (OSError, RuntimeError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # unreadable files
+        files = ", ".join(entry.get("files", ())) or "its files"
+        msg = (f"load: {path / MANIFEST}: component {name!r} could not be read from {files}: "
+               f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. The files are truncated or "
+               "changed since hfx.save wrote them: copy the export again or save it again")
+        raise ValueError(msg) from exc
+
+
+def _read_manifest(manifest_path: Path) -> dict[str, Any]:
+    """The manifest's JSON, checked to be an hfx manifest (an object with ``components``)."""
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        msg = f"load: {manifest_path} is not valid JSON ({exc}); it is truncated or not hfx's: save the export again"
+        raise ValueError(msg) from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("components"), dict):
+        msg = f"load: {manifest_path} has no 'components'; it is another tool's hfx.json, not one hfx.save wrote"
+        raise ValueError(msg)
+    return manifest
 
 
 def _inside(directory: Path, file: Any, what: str) -> Path:

@@ -96,3 +96,26 @@ def test_a_processor_outside_the_directory_is_refused(saved, tmp_path):
 def test_only_a_transformers_model_class_is_built_from_a_manifest(name):
     with pytest.raises(ValueError, match=rf"model class {name!r} is not a transformers model class"):
         _weightless(name, "{}")
+
+
+def test_a_manifest_that_is_not_json_names_the_file(saved, tmp_path):
+    copy = _tampered(saved, tmp_path, lambda manifest: None)
+    (copy / "hfx.json").write_text('{"schema_version": 1, "components": {"dec')  # cut short
+    with pytest.raises(ValueError, match=r"hfx.json is not valid JSON .* truncated or not hfx's: save the export again"):
+        hfx.load(copy)
+
+
+def test_another_tools_manifest_is_named_as_such(saved, tmp_path):
+    copy = _tampered(saved, tmp_path, lambda manifest: None)
+    (copy / "hfx.json").write_text(json.dumps({"name": "llama", "format": "someone-else"}))
+    with pytest.raises(ValueError, match=r"hfx.json has no 'components'; it is another tool's hfx.json"):
+        hfx.load(copy)
+
+
+def test_a_truncated_program_file_names_the_component_and_the_file(saved, tmp_path):
+    copy = _tampered(saved, tmp_path, lambda manifest: None)
+    (file,) = json.loads((copy / "hfx.json").read_text())["components"]["decode"]["files"]
+    data = (copy / file).read_bytes()
+    (copy / file).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=rf"component 'decode' could not be read from {file}: .* copy the export again"):
+        hfx.load(copy)
