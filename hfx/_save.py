@@ -15,7 +15,7 @@ import attrs
 from toolz import curry
 
 from hfx._atomic import staged_directory
-from hfx._errors import argument_error
+from hfx._errors import HfxError, argument_error
 from hfx._records import Components, GenerationMeta, IoSpec
 
 SCHEMA_VERSION = 2  # 2: ``meta`` is a ``GenerationMeta``'s JSON (1: a flat dict, still read)
@@ -191,6 +191,8 @@ def _load_component(path: Path, name: str, entry: Mapping[str, Any]) -> Any:
         raise ValueError(msg) from exc
     try:
         return _runtime_module(entry["record"]).load_files(entry, path, name=name, io=io)
+    except HfxError:  # hfx's own errors already say what failed (a device that cannot compile the model ...)
+        raise
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # unreadable files
         files = ", ".join(entry.get("files", ())) or "its files"
         msg = (f"load: {path / MANIFEST}: component {name!r} could not be read from {files}: "
