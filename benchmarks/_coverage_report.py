@@ -118,8 +118,27 @@ def slowest(cells: dict[str, Any], top: int = 10) -> list[str]:
     return [f"* `{key}` {result.get('wall_s', 0):.0f} s ({result['status']})" for key, result in ordered]
 
 
-def render(results: dict[str, Any]) -> str:
-    """The whole markdown page."""
+def other_end(name: str, results: dict[str, Any]) -> list[str]:
+    """hfx's pass / fail / not-run counts per column on another end of the window, and the cells that fail there."""
+    cells = results["cells"]
+    releases = sorted({r.get("versions", "not recorded") for r in cells.values()}) or ["nothing run yet"]
+    rows = [f"### {'; '.join(releases)} (`benchmarks/results/{name}`)", "",
+            "| column | pass | fail | not run |", "|---|---|---|---|"]
+    failing = []
+    for runtime in RUNTIMES:
+        for kind in KINDS:
+            keys = [f"{arch},{runtime},{kind},hfx" for arch in zoo.ENTRIES if _applicable(arch, kind)]
+            status = [cells.get(key, {}).get("status") for key in keys]
+            failing += [f"* `{key}`: {cells[key].get('reason', '')[:200]}" for key in keys
+                        if cells.get(key, {}).get("status") == "fail"]
+            rows.append(f"| {runtime} {_KIND_LABEL[kind]} | {status.count('pass')} | {status.count('fail')} | "
+                        f"{status.count(None)} |")
+    return [*rows, "", *(failing or ["No cell fails."]), ""]
+
+
+def render(results: dict[str, Any], others: dict[str, dict[str, Any]] | None = None) -> str:
+    """The whole markdown page; ``others``: the results on other ends of the window, by file name."""
+    ends = [line for name, other in (others or {}).items() for line in other_end(name, other)]
     cells = results["cells"]
     last = results["runs"][-1] if results["runs"] else {}
     versions = ", ".join(f"{k} {v}" for k, v in last.get("machine", {}).get("versions", {}).items())
@@ -159,6 +178,9 @@ def render(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
         *summary,
         "",
+        *(["## hfx on the other end of the window", "",
+            "The same hfx cells, run in a venv with the other end's releases (`--end`); not yet every column.", "",
+            *ends] if ends else []),
         "## Side by side (hfx / peer)",
         "",
         *side_by_side(cells),
@@ -172,9 +194,9 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_report(results: dict[str, Any], path: Path) -> None:
-    """Write ``render(results)`` to ``path`` through a temporary file."""
+def write_report(results: dict[str, Any], path: Path, others: dict[str, dict[str, Any]] | None = None) -> None:
+    """Write ``render(results, others)`` to ``path`` through a temporary file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(".md.tmp")
-    staging.write_text(render(results))
+    staging.write_text(render(results, others))
     staging.replace(path)

@@ -3,6 +3,7 @@
     python benchmarks/coverage.py [--only llama,gemma2] [--runtimes torch,onnx,pte,ov] [--kinds forward,generation]
                                   [--tools hfx,peer] [--jobs 1] [--timeout 600] [--force | --failed]
     python benchmarks/coverage.py --report          # only rewrite docs/coverage.md from the JSON
+    python benchmarks/coverage.py --end newest ...  # in the newest end's venv: its own JSON and section
     python benchmarks/coverage.py --cell gemma2,onnx,forward,hfx   # one cell, printed as JSON
 
 Each cell (architecture x runtime x {forward, generation} x {hfx, peer}) runs in its own subprocess with a
@@ -42,6 +43,11 @@ from hfx import zoo  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "coverage.json"
 REPORT = ROOT / "docs" / "coverage.md"
+
+
+def other_ends(main: Path = RESULTS) -> dict[str, dict[str, Any]]:
+    """``{file name: results}`` of the runs on other releases of the window (``coverage-<end>.json`` beside ``main``)."""
+    return {path.name: load_results(path) for path in sorted(main.parent.glob("coverage-*.json"))}
 
 
 def cell_key(arch: str, runtime: str, kind: str, tool: str) -> str:
@@ -114,27 +120,27 @@ def window_versions() -> str:
 
 
 @contextlib.contextmanager
-def _locked_results() -> Iterator[dict[str, Any]]:
+def _locked_results(path: Path = RESULTS) -> Iterator[dict[str, Any]]:
     """The results under an exclusive lock, saved on exit: runs started side by side never drop each other's cells."""
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS.with_suffix(".lock"), "w") as lock:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS.with_suffix(".lock"), "w") as lock:  # one lock: every file feeds the one report
         fcntl.flock(lock, fcntl.LOCK_EX)
-        results = load_results()
+        results = load_results(path)
         yield results
-        save_results(results)
-        write_report(results, REPORT)
+        save_results(results, path)
+        write_report(load_results(), REPORT, other_ends())
 
 
-def run(keys: list[str], *, jobs: int, timeout: float) -> None:
-    """Run ``keys`` (``jobs`` at a time), saving the JSON and rewriting the report after each cell."""
-    with _locked_results() as results:
+def run(keys: list[str], *, jobs: int, timeout: float, path: Path = RESULTS) -> None:
+    """Run ``keys`` (``jobs`` at a time), saving the JSON at ``path`` and rewriting the report after each cell."""
+    with _locked_results(path) as results:
         results["runs"].append({"command": " ".join(["python", "benchmarks/coverage.py", *sys.argv[1:]]),
                                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine()})
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_in_subprocess, key, timeout): key for key in keys}
         for future in concurrent.futures.as_completed(futures):
             key, outcome = futures[future], future.result()
-            with _locked_results() as results:
+            with _locked_results(path) as results:
                 results["cells"][key] = {**outcome, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
                                          "versions": window_versions()}
             print(f"{key:<40} {outcome['status']:<5} {outcome.get('wall_s', '')}s {outcome.get('reason', '')}",
@@ -157,21 +163,24 @@ def main() -> None:
     parser.add_argument("--force", action="store_true", help="rerun cells that already have a result")
     parser.add_argument("--failed", action="store_true", help="rerun the cells whose result is a failure")
     parser.add_argument("--report", action="store_true", help="only rewrite docs/coverage.md from the JSON")
+    parser.add_argument("--end", help="another end of the tested window (e.g. newest): results go to "
+                                      "benchmarks/results/coverage-<end>.json, shown in their own section")
     args = parser.parse_args()
 
     if args.cell:
         print(json.dumps(cells.run_cell(*args.cell.split(","))), flush=True)
         return
     if args.report:
-        write_report(load_results(), REPORT)
+        write_report(load_results(), REPORT, other_ends())
         return
+    path = RESULTS.with_name(f"coverage-{args.end}.json") if args.end else RESULTS
     keys = planned_cells(_names(args.only, tuple(zoo.ENTRIES)), _names(args.runtimes, cells.RUNTIMES),
                          _names(args.kinds, cells.KINDS), _names(args.tools, cells.TOOLS))
-    done = load_results()["cells"]
+    done = load_results(path)["cells"]
     todo = [key for key in keys
             if args.force or key not in done or (args.failed and done[key].get("status") == "fail")]
     print(f"{len(todo)} cells to run ({len(keys) - len(todo)} already done)", flush=True)
-    run(todo, jobs=args.jobs, timeout=args.timeout)
+    run(todo, jobs=args.jobs, timeout=args.timeout, path=path)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks._coverage_report import column_versions
+from benchmarks._coverage_report import column_versions, other_end
 
 
 def test_each_column_lists_the_releases_of_its_cells_with_counts():
@@ -16,3 +16,15 @@ def test_each_column_lists_the_releases_of_its_cells_with_counts():
     assert rows["onnx fwd"] == ("| onnx fwd | torch 2.13.0, transformers 5.22.2 (1); torch 2.14.1, transformers 5.24.0 (2) "
                                 "| not recorded (1) |")
     assert rows["pte fwd"].endswith("| - | - |")
+
+
+def test_another_end_counts_each_column_and_lists_its_failures():
+    cells = {
+        "llama,onnx,forward,hfx": {"status": "pass", "versions": "torch 2.14.1, transformers 5.24.0"},
+        "bert,onnx,forward,hfx": {"status": "fail", "reason": "boom", "versions": "torch 2.14.1, transformers 5.24.0"},
+    }
+    lines = other_end("coverage-newest.json", {"cells": cells, "runs": []})
+    assert lines[0] == "### torch 2.14.1, transformers 5.24.0 (`benchmarks/results/coverage-newest.json`)"
+    onnx = next(line for line in lines if line.startswith("| onnx fwd |"))
+    assert onnx.split(" | ")[1:3] == ["1", "1"]  # the other forward cells are not run
+    assert "* `bert,onnx,forward,hfx`: boom" in lines
