@@ -128,7 +128,7 @@ def _locked_results(path: Path = RESULTS) -> Iterator[dict[str, Any]]:
         results = load_results(path)
         yield results
         save_results(results, path)
-        write_report(load_results(), REPORT, other_ends())
+        write_report(results if path == RESULTS else load_results(), REPORT, other_ends())
 
 
 def run(keys: list[str], *, jobs: int, timeout: float, path: Path = RESULTS) -> None:
@@ -136,13 +136,14 @@ def run(keys: list[str], *, jobs: int, timeout: float, path: Path = RESULTS) -> 
     with _locked_results(path) as results:
         results["runs"].append({"command": " ".join(["python", "benchmarks/coverage.py", *sys.argv[1:]]),
                                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine()})
+    versions = window_versions()  # the same for every cell of a run
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_in_subprocess, key, timeout): key for key in keys}
         for future in concurrent.futures.as_completed(futures):
             key, outcome = futures[future], future.result()
             with _locked_results(path) as results:
                 results["cells"][key] = {**outcome, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                         "versions": window_versions()}
+                                         "versions": versions}
             print(f"{key:<40} {outcome['status']:<5} {outcome.get('wall_s', '')}s {outcome.get('reason', '')}",
                   flush=True)
 

@@ -185,7 +185,8 @@ def _load_component(path: Path, name: str, entry: Mapping[str, Any]) -> Any:
         _inside(path, file, f"component {name!r}")
     io = IoSpec.from_json(entry["io"])
     try:
-        load_spec(io.in_spec), load_spec(io.out_spec)
+        for spec in (io.in_spec, io.out_spec):
+            load_spec(spec)
     except ValueError as exc:
         msg = f"load: {path / MANIFEST}: component {name!r}: {exc}"
         raise ValueError(msg) from exc
