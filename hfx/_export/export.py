@@ -84,6 +84,7 @@ def _export_refining(
     """
     # A growing cache's concatenation leaves a guard torch cannot prove (below): keep such guards as asserts at once.
     declared, deferred = shapes, "past_sequence" in shapes.bounds
+    shapes = with_span_bounds(shapes, dim_sizes(flat.kwargs, shapes))
     for _ in range(_MAX_REFINEMENTS + 2):
         try:
             program = _torch_export(flat, shapes, patches, deferred=deferred, declared=declared)
@@ -99,6 +100,55 @@ def _export_refining(
         except Exception as exc:
             raise _capture_error(flat, exc) from exc
     raise _capture_error(flat, RuntimeError("dynamic shapes did not settle"))
+
+
+# (query dim, cached dim, the mask's dim): a mask spanning the cached tokens and the new ones.
+_SPANS = (("sequence", "past_sequence", "total_sequence"), ("decoder_sequence", "past_sequence", "total_sequence"))
+_TRACED_MIN = 2  # torch.export traces a dynamic dim as >= 2 (it specialises 0 and 1)
+
+
+def with_span_bounds(shapes: DynamicShapes, sizes: Mapping[str, int]) -> DynamicShapes:
+    """``shapes`` with the ranges torch.export derives for a mask that spans the cache and the new tokens.
+
+    A multi-token decode graph concatenates ``sequence`` new keys to
+    ``past_sequence`` cached ones under a ``total_sequence`` mask. torch.export
+    then proves ``total = past + sequence`` with each part >= 2, refuses the
+    declared ranges and suggests ``sequence <= total_max - 2``,
+    ``past <= total_max - 2`` and ``total >= 4``: applied up front, the graph
+    is traced once instead of twice. Applied only where the captured sizes
+    show the relation (``sizes``: each dim's size in the capture).
+
+    Example:
+        >>> shapes = DynamicShapes(axes={}, bounds={"sequence": (1, 256), "past_sequence": (0, 255),
+        ...                                         "total_sequence": (1, 256)})
+        >>> dict(with_span_bounds(shapes, {"sequence": 3, "past_sequence": 4, "total_sequence": 7}).bounds)
+        {'sequence': (1, 254), 'past_sequence': (0, 254), 'total_sequence': (4, 256)}
+    """
+    for query, cached, mask in _SPANS:
+        if not {query, cached, mask} <= set(shapes.bounds) or sizes.get(mask) != sizes.get(query, -1) + sizes.get(cached, -1):
+            continue
+        (q_lo, q_hi), (c_lo, c_hi), (m_lo, m_hi) = (shapes.bounds[name] for name in (query, cached, mask))
+        if m_hi is None:
+            continue
+        least_query, least_cached = max(q_lo, _TRACED_MIN), max(c_lo, _TRACED_MIN)
+        bounds = {
+            **shapes.bounds,
+            query: (q_lo, min(m_hi - least_cached, q_hi if q_hi is not None else m_hi)),
+            cached: (c_lo, min(m_hi - least_query, c_hi if c_hi is not None else m_hi)),
+            mask: (max(m_lo, least_query + least_cached), m_hi),
+        }
+        return DynamicShapes(axes=shapes.axes, bounds=bounds)
+    return shapes
+
+
+def dim_sizes(kwargs: Mapping[str, Any], shapes: DynamicShapes) -> dict[str, int]:
+    """The size each named dim has in ``kwargs`` (the first tensor that has it)."""
+    sizes: dict[str, int] = {}
+    for name, leaf in named_leaves(kwargs):
+        for axis, dim in shapes.axes.get(name, {}).items():
+            if isinstance(leaf, torch.Tensor) and -leaf.ndim <= axis < leaf.ndim:
+                sizes.setdefault(dim, int(leaf.shape[axis]))
+    return sizes
 
 
 def _torch_export(

@@ -172,3 +172,31 @@ def test_a_dim_torch_relates_to_another_becomes_derived():
     assert ex.io.bounds["past_sequence"] == (1, 63)  # the mask's 64 bounds the past
     keys, mask = torch.randn(3, 9, 3), torch.ones(3, 10)
     assert torch.equal(ex(keys=keys, attention_mask=mask), _MaskBiased()(keys, mask))
+
+
+def test_a_multi_token_decode_graph_is_traced_once(models, monkeypatch):
+    calls = []
+    real = torch.export.export
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("dynamic_shapes"))
+        return real(*args, **kwargs)
+
+    parts = hfx.decompose(hfx.capture(zoo.inputs("llama"), models("llama")))
+    monkeypatch.setattr(torch.export, "export", counted)
+    decode = hfx.export(parts["decode"])
+    assert len(calls) == 1
+    # The ranges torch.export derives from total = past + sequence, with the declared lower bounds kept.
+    assert decode.io.bounds["total_sequence"] == (1, 256)
+    assert decode.io.bounds["sequence"] == (1, 254)
+    assert decode.io.bounds["past_sequence"] == (0, 254)
+
+
+def test_span_bounds_need_the_relation_in_the_captured_sizes():
+    from hfx._export.export import with_span_bounds
+
+    shapes = hfx.DynamicShapes(axes={}, bounds={"sequence": (1, 256), "past_sequence": (0, 255),
+                                                "total_sequence": (1, 256)})
+    assert with_span_bounds(shapes, {"sequence": 3, "past_sequence": 4, "total_sequence": 9}) == shapes
+    assert with_span_bounds(shapes, {"sequence": 3, "past_sequence": 4, "total_sequence": 7}).bounds == {
+        "sequence": (1, 254), "past_sequence": (0, 254), "total_sequence": (4, 256)}
