@@ -149,16 +149,23 @@ def _write_components(
     }
 
 
-def load(directory: str | os.PathLike[str], /) -> Any:
+def load(directory: str | os.PathLike[str], /, *, trust: bool = False) -> Any:
     """Load what ``save`` wrote: one program, or ``Components`` when several were saved.
 
     What the manifest names is resolved, never imported: classes in its specs only among transformers' cache
-    classes (``hfx._pytree``), files only inside ``directory``.
+    classes (``hfx._pytree``), files only inside ``directory``. Nothing is unpickled unless ``trust=True``: a
+    ``.pt2`` that holds pickled parts (``hfx.save`` writes none; another tool or a changed file may) is refused,
+    since unpickling can run any code.
+
+    Args:
+        directory: what ``hfx.save`` wrote.
+        trust: allow loading pickled parts of a ``.pt2``; only for an export whose source you trust.
 
     Raises:
         FileNotFoundError: no ``hfx.json`` in ``directory``.
         ValueError: the manifest was written by a newer hfx schema, names a file outside ``directory``, or its
-            specs name a class hfx does not resolve from a file; the message names the manifest and the entry.
+            specs name a class hfx does not resolve from a file, or (without ``trust``) a ``.pt2`` holds pickled
+            parts; the message names the manifest and the entry.
     """
     path = Path(directory)
     manifest_path = path / MANIFEST
@@ -169,14 +176,14 @@ def load(directory: str | os.PathLike[str], /) -> Any:
     if manifest.get("schema_version", 0) > SCHEMA_VERSION:
         msg = f"load: {path} uses manifest schema {manifest['schema_version']}; this hfx reads up to {SCHEMA_VERSION}. Upgrade hfx."
         raise ValueError(msg)
-    programs = {name: _load_component(path, name, entry) for name, entry in manifest["components"].items()}
+    programs = {name: _load_component(path, name, entry, trust=trust) for name, entry in manifest["components"].items()}
     if manifest.get("single") and len(programs) == 1:
         return next(iter(programs.values()))
     processor = load_processor(_inside(path, manifest["processor"], "processor")) if manifest.get("processor") else None
     return Components(items=programs, meta=GenerationMeta.from_json(manifest.get("meta", {})), processor=processor)
 
 
-def _load_component(path: Path, name: str, entry: Mapping[str, Any]) -> Any:
+def _load_component(path: Path, name: str, entry: Mapping[str, Any], *, trust: bool) -> Any:
     """One component of the manifest in ``path``: its files checked to lie inside ``path``, its specs to name only
     classes hfx resolves from a file (``hfx._pytree``), then loaded by its runtime."""
     from hfx._contract import load_spec
@@ -190,8 +197,11 @@ def _load_component(path: Path, name: str, entry: Mapping[str, Any]) -> Any:
     except ValueError as exc:
         msg = f"load: {path / MANIFEST}: component {name!r}: {exc}"
         raise ValueError(msg) from exc
+    module = _runtime_module(entry["record"])
     try:
-        return _runtime_module(entry["record"]).load_files(entry, path, name=name, io=io)
+        pickled = [] if trust else getattr(module, "unpickled_members", lambda *_: [])(entry, path)
+        if not pickled:
+            return module.load_files(entry, path, name=name, io=io)
     except HfxError:  # hfx's own errors already say what failed (a device that cannot compile the model ...)
         raise
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # unreadable files
@@ -200,6 +210,11 @@ def _load_component(path: Path, name: str, entry: Mapping[str, Any]) -> Any:
                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. The files are truncated or "
                "changed since hfx.save wrote them: copy the export again or save it again")
         raise ValueError(msg) from exc
+    shown = ", ".join(pickled[:3]) + (" ..." if len(pickled) > 3 else "")
+    msg = (f"load: {path / MANIFEST}: component {name!r}: {entry['files'][0]} holds pickled parts ({shown}), which "
+           "hfx.save never writes, and unpickling can run any code. Pass trust=True (CLI: --trust) only if you "
+           "trust where the export came from")
+    raise ValueError(msg)
 
 
 def _read_manifest(manifest_path: Path) -> dict[str, Any]:

@@ -119,3 +119,89 @@ def test_a_truncated_program_file_names_the_component_and_the_file(saved, tmp_pa
     (copy / file).write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=rf"component 'decode' could not be read from {file}: .* copy the export again"):
         hfx.load(copy)
+
+
+class _LeavesAMark:
+    """Unpickling an instance creates the file it names: what a crafted pickle could do instead."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _with_member(saved, tmp_path, member, data):
+    """A copy of ``saved`` whose ``.pt2`` has ``member`` (under the archive's root folder) replaced by ``data``."""
+    import zipfile
+
+    copy = _tampered(saved, tmp_path, lambda manifest: None)
+    (file,) = json.loads((copy / "hfx.json").read_text())["components"]["decode"]["files"]
+    original = (copy / file).read_bytes()
+    (copy / file).unlink()
+    with zipfile.ZipFile(__import__("io").BytesIO(original)) as source, zipfile.ZipFile(copy / file, "w") as target:
+        root = source.namelist()[0].split("/")[0]
+        for info in source.infolist():
+            if info.filename != f"{root}/{member}":
+                target.writestr(info, source.read(info))
+        target.writestr(f"{root}/{member}", data)
+    return copy
+
+
+def _pickled(value) -> bytes:
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def test_what_hfx_saves_holds_no_pickle(saved):
+    from hfx.backends._torch import unpickled_members
+
+    entry = json.loads((saved / "hfx.json").read_text())["components"]["decode"]
+    assert unpickled_members(entry, saved) == []
+
+
+def test_a_pt2_with_pickled_sample_inputs_is_refused_and_runs_nothing(saved, tmp_path):
+    mark = tmp_path / "unpickled"
+    copy = _with_member(saved, tmp_path, "data/sample_inputs/model.pt", _pickled(_LeavesAMark(mark)))
+    with pytest.raises(ValueError, match=r"component 'decode': decode.pt2 holds pickled parts \(.*data/sample_inputs/"
+                                         r"model.pt\).*unpickling can run any code. Pass trust=True \(CLI: --trust\)"):
+        hfx.load(copy)
+    assert not mark.exists()
+
+
+def test_a_pt2_with_a_pickled_constant_is_refused(saved, tmp_path):
+    import zipfile
+
+    config = json.dumps({"config": {"c": {"path_name": "tensor_0", "use_pickle": True}}})
+    (file,) = json.loads((saved / "hfx.json").read_text())["components"]["decode"]["files"]
+    with zipfile.ZipFile(saved / file) as archive:
+        (member,) = [n.split("/", 1)[1] for n in archive.namelist() if n.endswith("_constants_config.json")]
+    copy = _with_member(saved, tmp_path, member, config)
+    with pytest.raises(ValueError, match=r"holds pickled parts \(.*data/constants/tensor_0"):
+        hfx.load(copy)
+
+
+def test_trust_loads_a_pt2_with_pickled_parts(saved, tmp_path):
+    import torch
+
+    copy = _with_member(saved, tmp_path, "data/sample_inputs/model.pt", _pickled(((), {})))
+    with pytest.raises(ValueError, match="holds pickled parts"):
+        hfx.load(copy)
+    loaded = hfx.load(copy, trust=True)
+    assert isinstance(loaded["decode"].program, torch.export.ExportedProgram)
+
+
+def test_hfx_run_refuses_pickled_parts_unless_trusted(saved, tmp_path, capsys):
+    from hfx._cli.main import main
+
+    copy = _with_member(saved, tmp_path, "data/sample_inputs/model.pt", _pickled(((), {})))
+    command = ["run", str(copy), "--input-ids", "5,6", "--max-new-tokens", "2"]
+    assert main(command) == 1
+    assert "holds pickled parts" in capsys.readouterr().err
+    assert main([*command, "--trust"]) == 0
+    assert capsys.readouterr().out.strip().startswith("5,6,")

@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-new-tokens", type=int, default=20, help="how many tokens to generate (default: 20)")
     run.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     run.add_argument("--seed", type=int, help="seed for --do-sample (same seed, same tokens)")
+    run.add_argument("--trust", action="store_true",
+                     help="load a .pt2 that holds pickled parts (hfx never writes them; unpickling can run code)")
 
     commands.add_parser("zoo", parents=[common], help="list the built-in architectures")
     return parser

@@ -15,7 +15,7 @@ def run_generate(args: argparse.Namespace, stream: IO[str]) -> int:
 
     runtime, path = _chosen_export(Path(args.dir), args.runtime)
     require_runtimes([runtime])
-    programs = quiet_step(stream, args, f"load the {runtime} programs from {path}", lambda: hfx.load(path))
+    programs = quiet_step(stream, args, f"load the {runtime} programs from {path}", lambda: hfx.load(path, trust=args.trust))
     if not isinstance(programs, hfx.Components) or "decode" not in programs:
         msg = f"{path} holds a single graph, not the generation graphs: export with `hfx export MODEL --generation`."
         raise UsageError(msg)
