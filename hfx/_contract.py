@@ -113,7 +113,7 @@ def _check_axis(
     if got < lo or (hi is not None and got > hi):
         msg = (
             f"{program}: axis {axis} of input {name!r} ({want}) is {got}, outside the program's bounds "
-            f"[{lo}, {hi}]. Export again with bounds={{{want!r}: ({lo}, {max(got, lo)})}} to accept it."
+            f"[{lo}, {hi}]. Export again with bounds={{{want!r}: ({min(got, lo)}, {max(got, hi or got)})}} to accept it."
         )
         raise InputError(msg)
 

@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import json
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -216,36 +217,56 @@ def _from_dumpable(dumped: str) -> _Context:
     return _Context(tuple(data["children"]), static, tuple(data.get("batch", ())))
 
 
+# Classes registered by ``registered_caches`` -> how many blocks (in any thread) are inside it. The last block
+# out deregisters: a program called in one thread keeps its caches while another thread's block ends.
+_HELD: dict[type, int] = {}
+_HELD_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def registered_caches(classes: Iterable[type] | None = None) -> Iterator[None]:
     """Register ``classes`` (default: every cache class found) as pytree nodes inside the block.
 
     Classes already registered (by the user or torch) are left alone; the ones
-    registered here are removed on exit, also after an error.
+    registered here are removed when the last block holding them exits, also
+    after an error. Blocks may nest and run in several threads at once.
     """
     wanted = tuple(cache_classes() if classes is None else classes)
     node_classes = frozenset(wanted)
-    added = []
+    held = []
     try:
         for cls in wanted:
-            if cls in pytree.SUPPORTED_NODES:
-                continue
-            # The Python registry only, the one _deregister_pytree_node undoes: with optree installed the
-            # public register_pytree_node also registers (or queues) the class in the C++ pytree for good.
-            pytree._private_register_pytree_node(  # noqa: SLF001
-                cls,
-                functools.partial(_flatten, node_classes),
-                functools.partial(_unflatten, cls),
-                serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
-                to_dumpable_context=_to_dumpable,
-                from_dumpable_context=_from_dumpable,
-                flatten_with_keys_fn=functools.partial(_flatten_with_keys, node_classes),
-            )
-            added.append(cls)
+            with _HELD_LOCK:
+                if cls in _HELD:
+                    _HELD[cls] += 1
+                elif cls in pytree.SUPPORTED_NODES:
+                    continue
+                else:
+                    _register(cls, node_classes)
+                    _HELD[cls] = 1
+            held.append(cls)
         yield
     finally:
-        for cls in added:
-            pytree._deregister_pytree_node(cls)  # noqa: SLF001 - the only way to undo the registration
+        with _HELD_LOCK:
+            for cls in held:
+                _HELD[cls] -= 1
+                if not _HELD[cls]:
+                    del _HELD[cls]
+                    pytree._deregister_pytree_node(cls)  # noqa: SLF001 - the only way to undo the registration
+
+
+def _register(cls: type, node_classes: frozenset[type]) -> None:
+    # The Python registry only, the one _deregister_pytree_node undoes: with optree installed the
+    # public register_pytree_node also registers (or queues) the class in the C++ pytree for good.
+    pytree._private_register_pytree_node(  # noqa: SLF001
+        cls,
+        functools.partial(_flatten, node_classes),
+        functools.partial(_unflatten, cls),
+        serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+        to_dumpable_context=_to_dumpable,
+        from_dumpable_context=_from_dumpable,
+        flatten_with_keys_fn=functools.partial(_flatten_with_keys, node_classes),
+    )
 
 
 def spec_caches(*ios: Any) -> contextlib.AbstractContextManager[None]:

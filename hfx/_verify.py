@@ -105,6 +105,10 @@ def verify(
         True
     """
     _check_order(model, inputs, program)
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            msg = f"verify: {name} must be a number >= 0 (the largest difference that passes), got {value!r}"
+            raise ValueError(msg)
     if isinstance(program, Components):
         missing = [k for k in program if k not in inputs]
         if missing:

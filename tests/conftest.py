@@ -53,6 +53,21 @@ def exported(models):
 
 
 @pytest.fixture(scope="session")
+def lowered_onnx(exported):
+    """``lowered_onnx(name, **options)``: the parity architecture's ``Exported`` lowered to ONNX once per session
+    for each set of options (a program is immutable: tests that quantize or wrap it get new ones)."""
+    cache: dict[tuple[str, tuple[tuple[str, object], ...]], hfx.OnnxProgram] = {}
+
+    def get(name: str, **options: object) -> hfx.OnnxProgram:
+        key = (name, tuple(sorted(options.items())))
+        if key not in cache:
+            cache[key] = hfx.lower_to_onnx(exported(name), **options)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def generative(models):
     """``(model, exported Components)`` per generative architecture, decomposed and exported once per session."""
     cache: dict[str, tuple[torch.nn.Module, hfx.Components]] = {}

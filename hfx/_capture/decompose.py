@@ -211,7 +211,8 @@ def decompose(
     Raises:
         CaptureError: ``generate`` did not call ``forward`` as expected.
         ValueError: ``internal_cache_length`` for a model that is not a text decoder
-            with full-attention layers, or not an int >= 2.
+            with full-attention layers, or not an int >= 2; ``multi_token_decode`` or
+            ``generation_config`` for a model that does not generate.
         ImportError: ``custom_ops`` without executorch.
 
     Example:
@@ -227,6 +228,12 @@ def decompose(
         return _internal_cache_decode(capture, internal_cache_length, custom_ops=custom_ops,
                                       generation_config=generation_config)
     if not can_generate(model):
+        asked = [name for name, value in (("multi_token_decode", multi_token_decode),
+                                          ("generation_config", generation_config)) if value is not None]
+        if asked:
+            msg = (f"decompose: {type(model).__name__} does not generate, so {' and '.join(asked)} has nothing to "
+                   "shape; drop it (decompose gives one component, 'model')")
+            raise ValueError(msg)
         return Components(items={"model": attrs.evolve(capture, name="model")}, meta=GenerationMeta(model=_model_spec(model)))
     inputs = with_padding_mask(capture)
     merge = _may_merge_steps(model, generation_config) if multi_token_decode is None else multi_token_decode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from toolz import curry
@@ -96,11 +97,16 @@ def infer_dynamic_shapes(
 
     Args:
         capture: a ``Capture`` (or ``Components``).
-        bounds: ``{dim name: (min, max)}`` overriding the defaults (max ``None`` = unbounded).
+        bounds: ``{dim name: (min, max)}`` overriding the defaults (max ``None`` = unbounded), and the
+            bounds a decomposed capture carries.
 
     Returns:
         A ``DynamicShapes`` record (``Components`` of them for ``Components``).
         ``infer_dynamic_shapes(bounds={...})`` alone is a stage ``Capture -> DynamicShapes``.
+
+    Raises:
+        TypeError: ``bounds`` is not a mapping.
+        ValueError: a bound is not ``(min, max)`` with ints ``0 <= min <= max``.
 
     Example:
         >>> import torch
@@ -112,8 +118,10 @@ def infer_dynamic_shapes(
         >>> dict(infer_dynamic_shapes(bounds={"batch": (1, 8)})(capture({"input": ids}, torch.nn.Identity())).bounds)
         {'batch': (1, 8)}
     """
-    if capture.dynamic_shapes is not None:
-        return capture.dynamic_shapes
+    bounds = _checked_bounds(bounds)
+    if capture.dynamic_shapes is not None:  # decompose's shapes: the bounds given override theirs
+        carried = capture.dynamic_shapes
+        return DynamicShapes(axes=carried.axes, bounds={d: bounds.get(d, b) for d, b in carried.bounds.items()})
     tensors = owned_tensors(capture.kwargs)
     ordered = sorted(tensors, key=lambda item: item[0].split(".", 1)[0] not in _PRIMARY)
     batch = next((t.shape[0] for n, t, o in ordered if _rule_for(n, o, t.ndim) and t.ndim), None)
@@ -135,8 +143,28 @@ def infer_dynamic_shapes(
         axes[name] = per_axis
     axes = {name: axes[name] for name, _, _ in tensors}
     used = {dim for per_axis in axes.values() for dim in per_axis.values()}
-    all_bounds = {**_default_bounds(capture.source), **dict(bounds or {})}
+    all_bounds = {**_default_bounds(capture.source), **bounds}
     return DynamicShapes(axes=axes, bounds={d: tuple(all_bounds.get(d, (1, None))) for d in sorted(used)})
+
+
+def _checked_bounds(bounds: Any) -> dict[str, tuple[int, int | None]]:
+    """``bounds`` as a dict, refused unless it maps dim names to ``(min, max)`` with ``0 <= min <= max`` (max may be None)."""
+    if bounds is None:
+        return {}
+    if not isinstance(bounds, Mapping):
+        msg = (f"infer_dynamic_shapes: bounds must be a mapping {{dim name: (min, max)}}, got {type(bounds).__name__}; "
+               "per-component bounds go through hfx.by_component({name: hfx.export(bounds=...)})")
+        raise TypeError(msg)
+    checked = {}
+    for name, value in bounds.items():
+        lo, hi = value if isinstance(value, (tuple, list)) and len(value) == 2 else (None, None)
+        ints = isinstance(lo, int) and not isinstance(lo, bool) and (hi is None or isinstance(hi, int) and not isinstance(hi, bool))
+        if not isinstance(name, str) or not ints or lo < 0 or (hi is not None and hi < lo):
+            msg = (f"infer_dynamic_shapes: bounds[{name!r}] must be (min, max) with ints 0 <= min <= max "
+                   f"(max None for no bound), got {value!r}")
+            raise ValueError(msg)
+        checked[name] = (lo, hi)
+    return checked
 
 
 def declared_shapes(capture: Capture, axes: Mapping[str, Mapping[int, str]]) -> DynamicShapes:

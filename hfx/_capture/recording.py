@@ -20,7 +20,8 @@ import torch
 from hfx._capture.multimodal import FeatureEncoder, feature_methods, features_only, modality_tower, projectors
 from hfx._capture.vision_inputs import recording_vision_inputs
 from hfx._records import Capture, EncoderInputs
-from hfx.patches import patch_sliding_window_cache, preserve_module_state, swap_attr
+from hfx.patches import patch_attention_implementation, patch_sliding_window_cache, preserve_module_state, swap_attr
+from hfx._serial import one_at_a_time
 
 
 @contextlib.contextmanager
@@ -104,6 +105,7 @@ def _prefill_parts(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 
 
+@one_at_a_time
 def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int, generation_config: Any) -> Recorded:
     """Run ``generate`` for ``steps`` new tokens and record every encoder, projector, part and forward call."""
     calls: list[dict[str, Any]] = []
@@ -123,6 +125,7 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
         options["generation_config"] = generation_config
     with contextlib.ExitStack() as stack:
         stack.enter_context(preserve_module_state(model))
+        stack.enter_context(patch_attention_implementation(model))  # flash attention needs a GPU and its kernels
         stack.enter_context(patch_sliding_window_cache())  # record the calls the exported graphs take
         stack.enter_context(_recording(model, calls))
         if encoder is not None:

@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 
 from hfx._capture.dynamic_shapes import infer_dynamic_shapes
 from hfx._export.torch_shapes import refine, to_torch, widen_unit_axes
-from hfx._errors import CaptureError, describe
+from hfx._errors import CaptureError, PatchError, describe
 from hfx._export.asserts import on_input_sizes_only, without_asserts
 from hfx._export.prune import without_unused_weights
 from hfx._export.signature import flatten_signature
@@ -20,6 +20,7 @@ from hfx._lift import per_component
 from hfx._pytree import cache_classes, named_leaves, registered_caches
 from hfx._records import Capture, DynamicShapes, Exported, IoSpec, TensorSpec
 from hfx.patches import Patch, default_patches, with_patches
+from hfx._serial import one_at_a_time
 
 _MAX_REFINEMENTS = 3
 
@@ -43,7 +44,7 @@ def export(
     Args:
         capture: a ``Capture`` (or ``Components``).
         patches: the patches to enter; ``None`` for the defaults.
-        bounds: ``{dim: (min, max)}`` for ``infer_dynamic_shapes`` (ignored when the capture carries shapes).
+        bounds: ``{dim: (min, max)}`` for ``infer_dynamic_shapes`` (over a decomposed capture's own bounds).
 
     Returns:
         An ``Exported`` record, callable like the model.
@@ -60,7 +61,7 @@ def export(
     """
     flat = flatten_signature(capture)
     shapes = infer_dynamic_shapes(flat, bounds=bounds)
-    chosen = tuple(default_patches(capture.source) if patches is None else patches)
+    chosen = default_patches(capture.source) if patches is None else _checked_patches(patches)
     with registered_caches(cache_classes(capture.source)):  # io_spec and module() walk cache outputs
         program, shapes = _export_refining(flat, shapes, chosen)
         return Exported(
@@ -72,6 +73,16 @@ def export(
         )
 
 
+def _checked_patches(patches: Any) -> tuple[Patch, ...]:
+    """``patches`` as a tuple; a ``TypeError`` naming the option unless it holds zero-argument callables."""
+    if not isinstance(patches, (tuple, list)) or not all(callable(patch) for patch in patches):
+        msg = (f"export: patches must be a tuple of zero-argument context-manager factories, such as "
+               f"(*hfx.patches.default_patches(model), my_patch); got {patches!r}")
+        raise TypeError(msg)
+    return tuple(patches)
+
+
+@one_at_a_time
 def _export_refining(
     flat: Capture, shapes: DynamicShapes, patches: tuple[Patch, ...]
 ) -> tuple[torch.export.ExportedProgram, DynamicShapes]:
@@ -97,6 +108,8 @@ def _export_refining(
                 deferred = True
             else:
                 raise _capture_error(flat, exc) from exc
+        except PatchError as exc:  # the patch's own failure, not the model's: say which patch
+            raise PatchError(describe("export", flat.source, flat.name, str(exc), "Fix or leave out that patch.")) from exc
         except Exception as exc:
             raise _capture_error(flat, exc) from exc
     raise _capture_error(flat, RuntimeError("dynamic shapes did not settle"))

@@ -147,4 +147,4 @@ def require_consumer(consumer: str) -> None:
         msg = f"package: unknown consumer {consumer!r}; hfx packages for {sorted(CONSUMERS)}"
         raise ValueError(msg)
     modules, extra = _NEEDS[consumer]
-    require(*modules, extra=extra)
+    require(*modules, extra=extra, stage=f"package({consumer})")

@@ -15,12 +15,12 @@ from hfx._records import Capture, Exported
 from hfx._upstream import check_window
 
 
-def require(*modules: str, extra: str) -> None:
-    """Raise ``ImportError`` naming the pip extra to install when any of ``modules`` is missing."""
+def require(*modules: str, extra: str, stage: str = "") -> None:
+    """Raise ``ImportError`` naming the stage and the pip extra to install when any of ``modules`` is missing."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         msg = (
-            f"this runtime needs {', '.join(missing)}, which is not installed. "
+            f"{stage + ': ' if stage else ''}this runtime needs {', '.join(missing)}, which is not installed. "
             f"Install it with: pip install 'hfx[{extra}]'"
         )
         raise ImportError(msg)

@@ -60,6 +60,7 @@ from hfx.backends._common import (
 )
 from hfx.backends._executorch_fixes import PTE_PATCHES
 from hfx.patches import Patch, with_patches
+from hfx._serial import one_at_a_time
 
 RUNTIME = "pte"
 
@@ -228,7 +229,7 @@ def lower_to_pte(
         >>> lower_to_pte(lin, patches=(*hfx.backends.PTE_PATCHES, my_patch)).patches[-2:]
         ('patch_exact_upper_bounds', 'my_patch')
     """
-    require("executorch", extra="executorch")
+    require("executorch", extra="executorch", stage="lower_to_pte")
     patches = fixes_option(patches, stage="lower_to_pte", option="patches", default="PTE_PATCHES")
     methods = _constant_methods(constant_methods)
     exported = as_exported(exported, stage="lower_to_pte")
@@ -308,6 +309,7 @@ def _constant_methods(methods: Mapping[str, Any] | None) -> dict[str, Any]:
     return methods
 
 
+@one_at_a_time
 def _to_pte(
     exported: Exported, bounds: Mapping[str, tuple[int, int]], log: io.StringIO, patches: tuple[Patch, ...],
     methods: Mapping[str, Any],
@@ -452,7 +454,7 @@ def save_files(program: PteProgram, directory: Path) -> dict[str, Any]:
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> PteProgram:
     """Load a program written by ``save_files`` (the whole ``.pte`` is read into memory)."""
-    require("executorch", extra="executorch")
+    require("executorch", extra="executorch", stage="load")
     buffer = (Path(directory) / entry["files"][0]).read_bytes()
     return PteProgram(buffer=buffer, io=io, name=name, patches=entry.get("patches", ()),
                       constant_methods=entry.get("constant_methods", {}))

@@ -46,6 +46,7 @@ from hfx.backends._common import (
 )
 from hfx.backends._onnx_fixes import ONNX_FIXES, OnnxFix
 from hfx.backends._onnx_fusions import ORT_FUSIONS, OnnxFusion
+from hfx._serial import one_at_a_time
 
 RUNTIME = "onnx"
 
@@ -227,7 +228,7 @@ def lower_to_onnx(
         >>> program.model.doc_string, program.fixes[-1]
         ('a Linear', 'documented')
     """
-    require("onnx", "onnxscript", "onnxruntime", extra="onnx")
+    require("onnx", "onnxscript", "onnxruntime", extra="onnx", stage="lower_to_onnx")
     check_opset(opset)
     fixes = fixes_option(fixes, stage="lower_to_onnx", option="fixes", default="ONNX_FIXES")
     fusions = fixes_option(fusions, stage="lower_to_onnx", option="fusions", default="ORT_FUSIONS")
@@ -277,6 +278,7 @@ def check_providers(stage: str, providers: Any) -> tuple[str, ...]:
     return tuple(providers)
 
 
+@one_at_a_time
 def _to_onnx(exported: Exported, *, opset: int, optimize: bool, fixes: tuple[OnnxFix, ...],
              fusions: tuple[OnnxFusion, ...]) -> tuple[Any, dict[str, int]]:
     """Run ``torch.onnx.export`` on the ExportedProgram, give the graph hfx's names and wrap it all in ``fixes``;
@@ -428,7 +430,7 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
     The session gets this machine's ``default_threads()`` and ``default_providers()``
     (``attrs.evolve(program, threads=..., providers=...)`` for others).
     """
-    require("onnx", "onnxscript", "onnxruntime", extra="onnx")
+    require("onnx", "onnxscript", "onnxruntime", extra="onnx", stage="load")
     import onnx_ir as ir
 
     model = ir.load(Path(directory).resolve() / entry["files"][0])

@@ -32,6 +32,7 @@ from hfx._pytree import spec_caches
 from hfx.backends._common import as_exported, fix_names, fixes_option, require
 from hfx.backends._openvino_fixes import OV_GRAPH_FIXES, OvGraphFix
 from hfx.backends._openvino_stateful import stateful_io, stateful_model
+from hfx._serial import one_at_a_time
 
 RUNTIME = "openvino"
 
@@ -197,7 +198,7 @@ def lower_to_ov(
         >>> len(seen), ov.graph_fixes[-2:]
         (1, ('separate_outputs', 'append'))
     """
-    require("openvino", extra="openvino")
+    require("openvino", extra="openvino", stage="lower_to_ov")
     if not isinstance(device, str):
         msg = f"lower_to_ov: device must be an OpenVINO device name such as 'CPU', got {device!r}"
         raise TypeError(msg)
@@ -284,6 +285,7 @@ def _quiet() -> Iterator[list[warnings.WarningMessage]]:
         yield caught
 
 
+@one_at_a_time
 def _convert(exported: Exported, graph_fixes: tuple[OvGraphFix, ...]) -> Any:
     """The ``openvino.Model`` of ``exported``, rewritten by ``graph_fixes``, with the IoSpec's names and shapes."""
     import openvino
@@ -421,7 +423,7 @@ def save_files(program: OvProgram, directory: Path) -> dict[str, Any]:
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> OvProgram:
     """Read a model written by ``save_files`` and compile it for the device it was saved with."""
-    require("openvino", extra="openvino")
+    require("openvino", extra="openvino", stage="load")
     model = _core().read_model(directory / entry["files"][0])
     return OvProgram(
         model=model, io=io, name=name, device=entry.get("device", "CPU"), source_class=entry.get("source_class", ""),

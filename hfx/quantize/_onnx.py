@@ -101,7 +101,7 @@ def _quantize(program: Any, /, *, mode: str, calibration: Calibration | None, gr
     from hfx.backends._common import require
     from hfx.backends._onnx import OnnxProgram
 
-    require("onnx", "onnxscript", "onnxruntime", extra="onnx")
+    require("onnx", "onnxscript", "onnxruntime", extra="onnx", stage="quantize_onnx")
     static = "mode 'static'" if mode == "static" else None
     samples = component_samples(STAGE, program, OnnxProgram, calibration, static=static, instead="mode='dynamic'")
     feeds = named_feeds(program.io, samples, program=f"{STAGE}({program.name})") if samples else None

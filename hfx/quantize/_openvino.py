@@ -102,7 +102,7 @@ def _quantize(
     from hfx.backends._common import require
     from hfx.backends._openvino import OvProgram
 
-    require("openvino", "nncf", extra="openvino")
+    require("openvino", "nncf", extra="openvino", stage="quantize_ov")
     static = "mode 'int8-static'" if mode == "int8-static" else None
     samples = component_samples(STAGE, program, OvProgram, calibration, static=static, instead="mode='int8'")
     feeds = named_feeds(program.io, samples, program=f"{STAGE}({program.name})") if samples else None

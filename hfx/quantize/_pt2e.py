@@ -21,6 +21,7 @@ from hfx._lift import per_component
 from hfx._records import Capture, Exported
 from hfx.quantize._calibration import Calibration, graph_feeds
 from hfx.quantize._common import check_choice, check_positive_int, component_samples, quantization_error, quietly, with_quantization
+from hfx._serial import one_at_a_time
 
 STAGE = "quantize_pt2e"
 
@@ -75,12 +76,13 @@ def quantize_pt2e(
     return with_quantization(result, {**entry, "group_size": group_size} if scheme == "8da4w" else entry)
 
 
+@one_at_a_time
 def _quantize(exported: Exported, /, *, scheme: str, calibration: Calibration | None, group_size: int) -> Exported:
     """One component: prepare, calibrate, convert, export again; the contract and shapes are kept."""
     from hfx._pytree import spec_caches
     from hfx.backends._common import require
 
-    require("executorch", "torchao", extra="executorch")
+    require("executorch", "torchao", extra="executorch", stage="quantize_pt2e")
     static = "scheme 'int8'" if scheme == "int8" else None
     samples = component_samples(STAGE, exported, Exported, calibration, static=static, instead="scheme='8da8w'")
     with spec_caches(exported.io):

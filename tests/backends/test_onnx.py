@@ -28,16 +28,9 @@ from tests.tolerances import FP32_PARITY, FP32_SAME_KERNELS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def lowered(exported):
-    """One ``OnnxProgram`` per parity architecture, lowered once per module."""
-    cache: dict[str, OnnxProgram] = {}
-
-    def get(name: str) -> OnnxProgram:
-        if name not in cache:
-            cache[name] = lower_to_onnx(exported(name))
-        return cache[name]
-
-    return get
+def lowered(lowered_onnx):
+    """One ``OnnxProgram`` per parity architecture, lowered once per session."""
+    return lowered_onnx
 
 
 @pytest.fixture(scope="module")

@@ -95,15 +95,15 @@ def test_multi_token_decode_takes_a_block_over_a_past(lowered):
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=12), eager_tokens(model, inputs, 12))
 
 
-def test_the_default_fuses_norms_and_rotary_and_leaves_attention_standard(exported):
-    program = hfx.lower_to_onnx(exported("llama"))  # ORT_FUSIONS: the attention fusion is opt-in (see its comment)
+def test_the_default_fuses_norms_and_rotary_and_leaves_attention_standard(lowered_onnx):
+    program = lowered_onnx("llama")  # ORT_FUSIONS: the attention fusion is opt-in (see its comment)
     ops = {node.op_type for node in program.model.graph.all_nodes()}
     assert {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RotaryEmbedding"} <= ops
     assert not ops & {"GroupQueryAttention", "MultiHeadAttention"} and "attention" not in program.fusions
 
 
-def test_no_fusions_keeps_standard_onnx(exported):
-    program = hfx.lower_to_onnx(exported("llama"), fusions=())
+def test_no_fusions_keeps_standard_onnx(lowered_onnx):
+    program = lowered_onnx("llama", fusions=())
     assert program.fusions == {}
     assert all(node.domain in ("", "ai.onnx") for node in program.model.graph)
 
@@ -125,8 +125,8 @@ def test_fusions_are_saved_and_loaded(lowered, tmp_path):
 # --- threads and providers ----------------------------------------------------------------------
 
 
-def test_sessions_run_on_the_given_threads_and_providers(exported):
-    program = hfx.lower_to_onnx(exported("llama"), threads=1, providers=("CPUExecutionProvider",), fusions=())
+def test_sessions_run_on_the_given_threads_and_providers(lowered_onnx):
+    program = lowered_onnx("llama", threads=1, providers=("CPUExecutionProvider",), fusions=())
     options = program._session.get_session_options()
     assert (program.threads, options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1, 1)
     assert program._session.get_providers() == ["CPUExecutionProvider"]
@@ -138,8 +138,8 @@ def test_sessions_run_on_the_given_threads_and_providers(exported):
     assert torch.equal(wider(**inputs).logits, program(**inputs).logits)
 
 
-def test_default_threads_and_providers_are_explicit(exported):
-    program = hfx.lower_to_onnx(exported("llama"), fusions=())
+def test_default_threads_and_providers_are_explicit(lowered_onnx):
+    program = lowered_onnx("llama", fusions=())
     import onnxruntime
 
     assert program.threads == default_threads() >= 1

@@ -23,8 +23,8 @@ pytest.importorskip("onnxruntime")
 
 
 @pytest.fixture(scope="module")
-def onnx(exported):
-    return hfx.lower_to_onnx(exported("llama"))
+def onnx(lowered_onnx):
+    return lowered_onnx("llama")
 
 
 def _ops(program):
@@ -76,8 +76,8 @@ def test_static_qdq_calibrates_and_round_trips(onnx, samples, reference, tmp_pat
 
 
 @pytest.mark.parametrize("reduce_range", [True, False])
-def test_reduce_range_stores_7_bit_weights_and_is_recorded(exported, reference, reduce_range):
-    parts = hfx.lower_to_onnx(hfx.Components(items={"model": exported("llama")}))
+def test_reduce_range_stores_7_bit_weights_and_is_recorded(onnx, reference, reduce_range):
+    parts = hfx.Components(items={"model": onnx})
     quantized = hfx.quantize_onnx(parts, reduce_range=reduce_range)
     assert quantized.meta.quantization == {"stage": "quantize_onnx", "mode": "dynamic", "calibrated": False,
                                            "reduce_range": reduce_range}
@@ -87,8 +87,8 @@ def test_reduce_range_stores_7_bit_weights_and_is_recorded(exported, reference, 
     assert cosine(logits, quantized["model"](**inputs).logits) > _int8_bound(reduce_range=reduce_range)
 
 
-def test_reduce_range_defaults_to_what_this_cpu_needs(exported):
-    parts = hfx.lower_to_onnx(hfx.Components(items={"model": exported("llama")}))
+def test_reduce_range_defaults_to_what_this_cpu_needs(onnx):
+    parts = hfx.Components(items={"model": onnx})
     assert hfx.quantize_onnx(parts).meta.quantization["reduce_range"] is REDUCED
 
 
@@ -144,8 +144,8 @@ def test_int4_runs_every_constant_weight_matmul_as_matmulnbits(onnx, reference):
     assert cosine(logits, got) > cosine_bound(rounding_rms(15, 32))
 
 
-def test_int4_mode_is_recorded_with_its_group_size(exported):
-    parts = hfx.lower_to_onnx(hfx.Components(items={"model": exported("llama")}))
+def test_int4_mode_is_recorded_with_its_group_size(onnx):
+    parts = hfx.Components(items={"model": onnx})
     quantized = hfx.quantize_onnx(parts, mode="int4", group_size=16)
     assert quantized.meta.quantization == {"stage": "quantize_onnx", "mode": "int4", "calibrated": False, "group_size": 16}
     assert {n.attributes["block_size"].value for n in quantized["model"].model.graph if n.op_type == "MatMulNBits"} == {16}
