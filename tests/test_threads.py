@@ -38,11 +38,13 @@ def _globals(model: torch.nn.Module) -> dict[str, dict[str, object]]:
     return found
 
 
-def _export_twice(model: torch.nn.Module, batch: int) -> list[object]:
-    """Two exports of ``model`` from one thread, each from its own capture shape: an Exported and an ONNX program."""
-    inputs = zoo.inputs("llama", batch=batch, sequence=5 + batch)
-    exported = pipe(model, hfx.capture(inputs), hfx.export)
-    return [exported, hfx.lower_to_onnx(exported)]
+def _export_twice(model: torch.nn.Module, batch: int) -> list[tuple[torch.nn.Module, dict, object]]:
+    """Two exports from one thread: the Llama at its own capture shape (an Exported), and a Linear piped to ONNX
+    (torch.onnx traces as torch.export does); each with its model and inputs of a new shape to check it on."""
+    exported = pipe(model, hfx.capture(zoo.inputs("llama", batch=batch, sequence=5 + batch)), hfx.export)
+    linear = torch.nn.Linear(3, batch)
+    onnx = pipe(linear, hfx.capture({"input": torch.randn(2, 3)}), hfx.lower_to_onnx)
+    return [(model, new_inputs("llama"), exported), (linear, {"input": torch.randn(5, 3)}, onnx)]
 
 
 def test_exports_in_four_threads_each_get_a_correct_program_and_leave_nothing_patched(models):
@@ -54,7 +56,7 @@ def test_exports_in_four_threads_each_get_a_correct_program_and_leave_nothing_pa
     assert len(programs) == _THREADS * _EXPORTS
     # Calling the programs concurrently gives each the eager numbers on a new shape.
     with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
-        reports = list(pool.map(lambda program: hfx.verify(model, new_inputs("llama"), program), programs))
+        reports = list(pool.map(lambda checked: hfx.verify(*checked), programs))
     assert all(report.passed and report.max_abs <= FP32_PARITY for report in reports), [str(r) for r in reports]
     assert _globals(model) == before
     assert_same_state(model, state)

@@ -121,6 +121,8 @@ def infer_dynamic_shapes(
     bounds = _checked_bounds(bounds)
     if capture.dynamic_shapes is not None:  # decompose's shapes: the bounds given override theirs
         carried = capture.dynamic_shapes
+        if not bounds:
+            return carried
         return DynamicShapes(axes=carried.axes, bounds={d: bounds.get(d, b) for d, b in carried.bounds.items()})
     tensors = owned_tensors(capture.kwargs)
     ordered = sorted(tensors, key=lambda item: item[0].split(".", 1)[0] not in _PRIMARY)
