@@ -80,3 +80,19 @@ def generative(models):
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def generative_one_layer():
+    """``(model, exported Components)`` of ``tests.helpers.one_layer(name)``, decomposed and exported once per session."""
+    from tests.helpers import one_layer
+
+    cache: dict[str, tuple[torch.nn.Module, hfx.Components]] = {}
+
+    def get(name: str) -> tuple[torch.nn.Module, hfx.Components]:
+        if name not in cache:
+            model = one_layer(name)
+            cache[name] = (model, hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name, **CAPTURE_SHAPE), model))))
+        return cache[name]
+
+    return get

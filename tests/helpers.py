@@ -18,6 +18,28 @@ NEW_SHAPE = {"batch": 3, "sequence": 11}
 PARITY_MODELS = ("llama", "qwen3", "bert", "vit")
 
 
+# The config fields that count a model's layers (decoder, encoder-decoder, nested language model).
+_LAYER_COUNTS = ("num_hidden_layers", "encoder_layers", "decoder_layers", "num_layers", "num_decoder_layers")
+
+
+def one_layer(name: str) -> torch.nn.Module:
+    """The zoo model ``name`` with one layer per stack: the same graphs and cache structure in fewer nodes.
+
+    ExecuTorch lowers about 12 s per decoder layer on 2 cores; the tests whose point is a path through a
+    runtime (a cache kept across steps, an encoder-decoder, a vision-language model) lower this one.
+    """
+    import transformers
+
+    spec = zoo.entry(name)
+    config = spec.config()
+    for part in (config, getattr(config, "text_config", None)):
+        for field in _LAYER_COUNTS:
+            if part is not None and isinstance(getattr(part, field, None), int):
+                setattr(part, field, 1)
+    torch.manual_seed(0)
+    return getattr(transformers, spec.auto_class).from_config(config).eval()
+
+
 def new_inputs(name: str) -> dict[str, torch.Tensor]:
     """Inputs of a different batch size and sequence length than the capture."""
     return zoo.inputs(name, **NEW_SHAPE)

@@ -24,11 +24,13 @@ def _lowering(runtime: str):
 
 
 @pytest.fixture(scope="module")
-def lowered(generative):
+def lowered(generative, generative_one_layer):
+    """``(model, programs)`` per runtime and architecture; ExecuTorch lowers the one-layer models (a layer is ~12 s
+    of its lowering here; the paths are the same), ONNX and OpenVINO the zoo's two-layer ones."""
     cache: dict[tuple[str, str], hfx.Components] = {}
 
     def get(runtime: str, name: str) -> tuple[torch.nn.Module, hfx.Components]:
-        model, parts = generative(name)
+        model, parts = (generative_one_layer if runtime == "pte" else generative)(name)
         if (runtime, name) not in cache:
             cache[runtime, name] = _lowering(runtime)(parts)
         return model, cache[runtime, name]
@@ -38,7 +40,10 @@ def lowered(generative):
 
 # T5 on ExecuTorch (three lowerings, ~110 s on 2 cores) is left to benchmarks/coverage.py: Whisper covers the
 # encoder-decoder path on ExecuTorch here, and the suite must run in the README's 15 minutes.
-_GENERATE_CELLS = [(name, runtime) for name in GENERATIVE_MODELS for runtime in RUNTIMES if (name, runtime) != ("t5", "pte")]
+# The Llama's cells are in test_llama_generates_eager_tokens_greedy_and_seeded_and_stores_its_weights_once, which
+# uses the same programs: one test per lowering, or xdist would lower it on both workers.
+_GENERATE_CELLS = [(name, runtime) for name in GENERATIVE_MODELS for runtime in RUNTIMES
+                   if (name, runtime) != ("t5", "pte") and name != "llama"]
 
 
 @pytest.mark.parametrize(("name", "runtime"), _GENERATE_CELLS)
@@ -58,9 +63,13 @@ def test_packed_image_model_generates_the_eager_tokens(generative, runtime):
 
 
 @pytest.mark.parametrize("runtime", ["pt2", *RUNTIMES])
-def test_batch_one_seeded_sampling_and_the_weights_stored_once(generative, lowered, runtime, tmp_path):
+def test_llama_generates_eager_tokens_greedy_and_seeded_and_stores_its_weights_once(generative, lowered, runtime,
+                                                                                     tmp_path):
     model, programs = generative("llama") if runtime == "pt2" else lowered(runtime, "llama")
     _assert_the_weights_are_stored_once(model, programs, tmp_path / runtime)
+    padded = zoo.inputs("llama", batch=2, sequence=9)
+    assert torch.equal(hfx.generate(padded, programs, max_new_tokens=NEW_TOKENS["llama"]),
+                       eager_tokens(model, padded, NEW_TOKENS["llama"]))
     inputs = zoo.inputs("llama", batch=1, sequence=5)
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=32), eager_tokens(model, inputs, 32))
     first = hfx.generate(inputs, programs, max_new_tokens=8, do_sample=True, top_k=20, seed=11)
@@ -69,16 +78,27 @@ def test_batch_one_seeded_sampling_and_the_weights_stored_once(generative, lower
 
 @pytest.fixture(scope="module")
 def static_parts(models):
+    """``runtime -> (model, config, parts)`` of a static-cache Llama; ExecuTorch's is the one-layer model."""
     from transformers import GenerationConfig
 
+    from tests.helpers import one_layer
+
     config = GenerationConfig(cache_implementation="static", max_cache_len=40)
-    model = models("llama")
-    return model, config, hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model), generation_config=config))
+    cache = {}
+
+    def get(runtime: str):
+        model = one_layer("llama") if runtime == "pte" else models("llama")
+        if id(model) not in cache:
+            parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model), generation_config=config))
+            cache[id(model)] = (model, config, parts)
+        return cache[id(model)]
+
+    return get
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_static_cache_updates_in_place(static_parts, runtime):
-    model, config, parts = static_parts
+    model, config, parts = static_parts(runtime)
     programs = _lowering(runtime)(parts)
     decode = programs["decode"]
     assert decode.io.updates and decode.io.outputs[-1].name.startswith("updated.")
@@ -92,14 +112,9 @@ def test_static_cache_updates_in_place(static_parts, runtime):
 # runtime lowers, at any batch: on ExecuTorch through patch_edge_validator_list_returns (backends/_executorch_fixes).
 
 
-@pytest.fixture(scope="module")
-def mamba_parts(generative):
-    return generative("mamba")
-
-
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_state_space_model_generates_the_eager_tokens(mamba_parts, runtime):
-    model, parts = mamba_parts
+def test_state_space_model_generates_the_eager_tokens(generative, generative_one_layer, runtime):
+    model, parts = (generative_one_layer if runtime == "pte" else generative)("mamba")
     programs = _lowering(runtime)(parts)
     inputs = zoo.inputs("mamba", batch=2, sequence=9)  # the capture is (2, 7)
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=16), eager_tokens(model, inputs, 16))
