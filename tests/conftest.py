@@ -10,7 +10,7 @@ import torch
 
 import hfx
 from hfx import zoo
-from tests.helpers import CAPTURE_SHAPE
+from tests.helpers import CAPTURE_SHAPE, exported_by_name, memoized
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers on two cores: one thread each, so they do not fight over the cores.
@@ -27,29 +27,13 @@ def _hfx_warnings_are_errors():
 @pytest.fixture(scope="session")
 def models():
     """One tiny model per parity architecture, built lazily."""
-    cache: dict[str, torch.nn.Module] = {}
-
-    def get(name: str) -> torch.nn.Module:
-        if name not in cache:
-            cache[name] = zoo.build(name)
-        return cache[name]
-
-    return get
+    return memoized(zoo.build)
 
 
 @pytest.fixture(scope="session")
 def exported(models):
     """One ``Exported`` per parity architecture, exported once per session from capture-shaped inputs."""
-    cache: dict[str, hfx.Exported] = {}
-
-    def get(name: str) -> hfx.Exported:
-        if name not in cache:
-            cache[name] = hfx.export(hfx.capture(zoo.inputs(name, **CAPTURE_SHAPE), models(name)))
-        return cache[name]
-
-    return get
-
-
+    return exported_by_name(models)
 
 
 @pytest.fixture(scope="session")

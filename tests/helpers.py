@@ -18,6 +18,20 @@ NEW_SHAPE = {"batch": 3, "sequence": 11}
 PARITY_MODELS = ("llama", "qwen3", "bert", "vit")
 
 
+def memoized(make):
+    """``get(name)``: ``make(name)``, made once per name (what the session and module fixtures hand out)."""
+    import functools
+
+    return functools.lru_cache(maxsize=None)(make)
+
+
+def exported_by_name(models):
+    """``get(name)``: ``models(name)`` exported once from capture-shaped zoo inputs."""
+    import hfx
+
+    return memoized(lambda name: hfx.export(hfx.capture(zoo.inputs(name, **CAPTURE_SHAPE), models(name))))
+
+
 # The config fields that count a model's layers (decoder, encoder-decoder, nested language model).
 _LAYER_COUNTS = ("num_hidden_layers", "encoder_layers", "decoder_layers", "num_layers", "num_decoder_layers")
 

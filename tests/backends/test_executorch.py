@@ -30,7 +30,15 @@ from hfx.backends._executorch import (  # noqa: E402
     lower_to_pte,
     pte_bounds,
 )
-from tests.helpers import CAPTURE_SHAPE, PARITY_MODELS, eager_tokens, new_inputs, one_layer  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    CAPTURE_SHAPE,
+    PARITY_MODELS,
+    eager_tokens,
+    exported_by_name,
+    memoized,
+    new_inputs,
+    one_layer,
+)
 from tests.tolerances import FP32_PARITY, FP32_SAME_KERNELS  # noqa: E402
 
 BOUNDED = {"batch": 3, "past_sequence": 48}  # the decode mask is "past_sequence + 1", bounded with it
@@ -55,27 +63,13 @@ def _snapshot(exported: hfx.Exported, inputs: dict[str, torch.Tensor]) -> dict[s
 def models():
     """This module's models: the zoo's with one layer per stack (``tests.helpers.one_layer``), which ExecuTorch lowers
     in about half the time of the two-layer ones, through the same operators."""
-    cache: dict[str, torch.nn.Module] = {}
-
-    def get(name: str) -> torch.nn.Module:
-        if name not in cache:
-            cache[name] = one_layer(name)
-        return cache[name]
-
-    return get
+    return memoized(one_layer)
 
 
 @pytest.fixture(scope="module")
 def exported(models):
     """One ``Exported`` per parity architecture of this module's ``models``, from capture-shaped inputs."""
-    cache: dict[str, hfx.Exported] = {}
-
-    def get(name: str) -> hfx.Exported:
-        if name not in cache:
-            cache[name] = hfx.export(hfx.capture(zoo.inputs(name, **CAPTURE_SHAPE), models(name)))
-        return cache[name]
-
-    return get
+    return exported_by_name(models)
 
 
 @pytest.fixture(scope="module")
