@@ -10,7 +10,7 @@ import torch
 
 import hfx
 from hfx import zoo
-from tests.helpers import CAPTURE_SHAPE, exported_by_name, memoized
+from tests.helpers import decomposed_by_name, exported_by_name, memoized, one_layer
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers on two cores: one thread each, so they do not fight over the cores.
@@ -40,43 +40,16 @@ def exported(models):
 def lowered_onnx(exported):
     """``lowered_onnx(name, **options)``: the parity architecture's ``Exported`` lowered to ONNX once per session
     for each set of options (a program is immutable: tests that quantize or wrap it get new ones)."""
-    cache: dict[tuple[str, tuple[tuple[str, object], ...]], hfx.OnnxProgram] = {}
-
-    def get(name: str, **options: object) -> hfx.OnnxProgram:
-        key = (name, tuple(sorted(options.items())))
-        if key not in cache:
-            cache[key] = hfx.lower_to_onnx(exported(name), **options)
-        return cache[key]
-
-    return get
+    return memoized(lambda name, **options: hfx.lower_to_onnx(exported(name), **options))
 
 
 @pytest.fixture(scope="session")
 def generative(models):
     """``(model, exported Components)`` per generative architecture, decomposed and exported once per session."""
-    cache: dict[str, tuple[torch.nn.Module, hfx.Components]] = {}
-
-    def get(name: str) -> tuple[torch.nn.Module, hfx.Components]:
-        if name not in cache:
-            model = models(name)
-            parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name, **CAPTURE_SHAPE), model)))
-            cache[name] = (model, parts)
-        return cache[name]
-
-    return get
+    return decomposed_by_name(models)
 
 
 @pytest.fixture(scope="session")
 def generative_one_layer():
     """``(model, exported Components)`` of ``tests.helpers.one_layer(name)``, decomposed and exported once per session."""
-    from tests.helpers import one_layer
-
-    cache: dict[str, tuple[torch.nn.Module, hfx.Components]] = {}
-
-    def get(name: str) -> tuple[torch.nn.Module, hfx.Components]:
-        if name not in cache:
-            model = one_layer(name)
-            cache[name] = (model, hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name, **CAPTURE_SHAPE), model))))
-        return cache[name]
-
-    return get
+    return decomposed_by_name(memoized(one_layer))

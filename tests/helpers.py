@@ -32,6 +32,14 @@ def exported_by_name(models):
     return memoized(lambda name: hfx.export(hfx.capture(zoo.inputs(name, **CAPTURE_SHAPE), models(name))))
 
 
+def decomposed_by_name(models):
+    """``get(name)``: ``(models(name), its decomposed Components exported)``, made once from capture-shaped zoo inputs."""
+    import hfx
+
+    return memoized(lambda name: (models(name), hfx.export(hfx.decompose(
+        hfx.capture(zoo.inputs(name, **CAPTURE_SHAPE), models(name))))))
+
+
 # The config fields that count a model's layers (decoder, encoder-decoder, nested language model).
 _LAYER_COUNTS = ("num_hidden_layers", "encoder_layers", "decoder_layers", "num_layers", "num_decoder_layers")
 

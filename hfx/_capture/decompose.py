@@ -15,7 +15,7 @@ import attrs
 import torch
 from toolz import curry
 
-from hfx._capture.dynamic_shapes import declared_shapes, infer_dynamic_shapes
+from hfx._capture.dynamic_shapes import declared_shapes, dim_sizes, infer_dynamic_shapes
 from hfx._capture.multimodal import FeatureEncoder, feature_methods, placeholder_tokens
 from hfx._capture.recording import recorded_generate, with_padding_mask
 from hfx._errors import CaptureError, describe
@@ -100,8 +100,7 @@ def _one_token_mask_axis(capture: Capture, shapes: DynamicShapes) -> dict[str, s
     dims it fails on their relation and the mask's range and traces again with
     its suggested fixes, three traces in all.
     """
-    sizes = {dim: int(tensor.shape[axis]) for leaf, tensor, _ in owned_tensors(capture.kwargs)
-             for axis, dim in shapes.axes.get(leaf, {}).items()}
+    sizes = dim_sizes(capture.kwargs, shapes)
     if "total_sequence" in sizes and sizes["total_sequence"] == sizes.get("past_sequence", -2) + 1:
         return {"total_sequence": "past_sequence + 1"}
     return {}

@@ -149,6 +149,22 @@ def infer_dynamic_shapes(
     return DynamicShapes(axes=axes, bounds={d: tuple(all_bounds.get(d, (1, None))) for d in sorted(used)})
 
 
+def dim_sizes(kwargs: Mapping[str, Any], shapes: DynamicShapes) -> dict[str, int]:
+    """The size each dim of ``shapes`` has in ``kwargs`` (the first tensor that has it; caches walked by attribute).
+
+    Example:
+        >>> import torch
+        >>> dim_sizes({"input": torch.ones(2, 5)}, DynamicShapes(axes={"input": {0: "batch"}}, bounds={}))
+        {'batch': 2}
+    """
+    sizes: dict[str, int] = {}
+    for name, tensor, _ in owned_tensors(kwargs):
+        for axis, dim in shapes.axes.get(name, {}).items():
+            if -tensor.ndim <= axis < tensor.ndim:
+                sizes.setdefault(dim, int(tensor.shape[axis]))
+    return sizes
+
+
 def _checked_bounds(bounds: Any) -> dict[str, tuple[int, int | None]]:
     """``bounds`` as a dict, refused unless it maps dim names to ``(min, max)`` with ``0 <= min <= max`` (max may be None)."""
     if bounds is None:

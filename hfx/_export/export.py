@@ -10,7 +10,7 @@ import torch
 from toolz import curry
 from torch.utils import _pytree as pytree
 
-from hfx._capture.dynamic_shapes import infer_dynamic_shapes
+from hfx._capture.dynamic_shapes import dim_sizes, infer_dynamic_shapes
 from hfx._export.torch_shapes import refine, to_torch, widen_unit_axes
 from hfx._errors import CaptureError, PatchError, describe
 from hfx._export.asserts import on_input_sizes_only, without_asserts
@@ -152,16 +152,6 @@ def with_span_bounds(shapes: DynamicShapes, sizes: Mapping[str, int]) -> Dynamic
         }
         return DynamicShapes(axes=shapes.axes, bounds=bounds)
     return shapes
-
-
-def dim_sizes(kwargs: Mapping[str, Any], shapes: DynamicShapes) -> dict[str, int]:
-    """The size each named dim has in ``kwargs`` (the first tensor that has it)."""
-    sizes: dict[str, int] = {}
-    for name, leaf in named_leaves(kwargs):
-        for axis, dim in shapes.axes.get(name, {}).items():
-            if isinstance(leaf, torch.Tensor) and -leaf.ndim <= axis < leaf.ndim:
-                sizes.setdefault(dim, int(leaf.shape[axis]))
-    return sizes
 
 
 def _torch_export(

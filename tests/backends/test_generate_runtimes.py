@@ -7,7 +7,7 @@ import torch
 
 import hfx
 from hfx import zoo
-from tests.helpers import GENERATIVE_MODELS, NEW_TOKENS, eager_tokens, packed_image_inputs
+from tests.helpers import GENERATIVE_MODELS, NEW_TOKENS, eager_tokens, memoized, one_layer, packed_image_inputs
 
 # runtime -> (module that must be importable, the lowering's name in hfx)
 RUNTIMES = {
@@ -81,19 +81,14 @@ def static_parts(models):
     """``runtime -> (model, config, parts)`` of a static-cache Llama; ExecuTorch's is the one-layer model."""
     from transformers import GenerationConfig
 
-    from tests.helpers import one_layer
-
     config = GenerationConfig(cache_implementation="static", max_cache_len=40)
-    cache = {}
 
-    def get(runtime: str):
-        model = one_layer("llama") if runtime == "pte" else models("llama")
-        if id(model) not in cache:
-            parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model), generation_config=config))
-            cache[id(model)] = (model, config, parts)
-        return cache[id(model)]
+    @memoized
+    def parts_of(small: bool):
+        model = one_layer("llama") if small else models("llama")
+        return model, config, hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model), generation_config=config))
 
-    return get
+    return lambda runtime: parts_of(runtime == "pte")
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
