@@ -9,6 +9,7 @@ A library of small pure functions over immutable records::
     outputs = onnx(**new_inputs)
 """
 
+from hfx._as_model import as_model as as_model
 from hfx._capture.capture import capture as capture
 from hfx._capture.decompose import decompose as decompose
 from hfx._capture.dynamic_shapes import infer_dynamic_shapes as infer_dynamic_shapes
@@ -79,6 +80,7 @@ __all__ = [
     "TensorSpec",
     "UntestedVersionWarning",
     "__version__",
+    "as_model",
     "by_component",
     "calibration_inputs",
     "capture",

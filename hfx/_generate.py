@@ -10,6 +10,8 @@ decoding gives exactly the eager tokens.
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +24,12 @@ from hfx._capture.positions import next_positions, prompt_positions, text_positi
 from hfx._capture.vision_inputs import computed_vision_inputs
 from hfx._contract import input_keys, load_spec
 from hfx._errors import InputError, argument_error
+from hfx._generation_config import (
+    generation_config,
+    lengths,
+    logits_processors,
+    refuse_what_the_loop_cannot_do,
+)
 from hfx._pytree import spec_caches
 from hfx._records import Components, EncoderInputs
 from hfx._upstream import cache_argument, output_cache
@@ -29,7 +37,7 @@ from hfx._upstream import cache_argument, output_cache
 _UNSET: Any = object()
 
 
-def _initial_cache(program: Any, batch: int, key: str) -> Any:
+def initial_cache(program: Any, batch: int, key: str) -> Any:
     """The cache a program's first call takes, rebuilt from its spec: empty, or zeros for a static cache."""
     io = program.io
     leaves = []
@@ -57,27 +65,34 @@ def _step_inputs(program: Any, name: str, values: Mapping[str, Any]) -> dict[str
     return {k: values[k] for k in keys}
 
 
-def _select(logits: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int | None, top_p: float | None,
-            generator: torch.Generator | None) -> torch.Tensor:
-    """The next token per row: argmax, or a sample after temperature, top-k and top-p filtering."""
-    if not do_sample:
-        return logits.argmax(dim=-1)
-    scores = logits / max(temperature, 1e-6)
-    if top_k:
-        kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        ordered, order = scores.sort(descending=True)
-        cumulative = ordered.softmax(-1).cumsum(-1)
-        drop = cumulative - ordered.softmax(-1) > top_p
-        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(-1)
+def _picker(config: Any, *, encoder_decoder: bool, generator: torch.Generator | None, max_new_tokens: int,
+            prompt_length: int, mask: torch.Tensor | None, encoder_input_ids: torch.Tensor | None = None) -> Any:
+    """``pick(ids, logits) -> next token per row``, as ``model.generate`` picks it under ``config``.
+
+    The scores go through transformers' own logits processors for ``config``
+    (``hfx._generation_config.logits_processors``), then argmax, or a sample
+    drawn with ``generator``. ``ids`` are the sequences so far (prompt and new tokens).
+    """
+    config = lengths(copy.deepcopy(config), prompt_length=prompt_length, max_new_tokens=max_new_tokens)
+    processors = logits_processors(config, is_encoder_decoder=encoder_decoder, prompt_length=prompt_length,
+                                   encoder_input_ids=encoder_input_ids, mask=mask)
+    sample = bool(config.do_sample)
+
+    def pick(ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        scores = logits[:, -1, :].float()
+        if processors:
+            scores = processors(ids, scores)
+        if not sample:
+            return scores.argmax(dim=-1)
+        return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(-1)
+
+    return pick
 
 
-def _eos_ids(value: Any) -> set[int]:
+def _eos_ids(value: Any) -> list[int]:
     if value is None:
-        return set()
-    return {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 @curry
@@ -87,18 +102,30 @@ def generate(
     /,
     *,
     max_new_tokens: int = 20,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    do_sample: bool = _UNSET,
+    temperature: float = _UNSET,
+    top_k: int | None = _UNSET,
+    top_p: float | None = _UNSET,
     seed: int | None = None,
     eos_token_id: Any = _UNSET,
     pad_token_id: Any = _UNSET,
+    settings: Mapping[str, Any] | None = None,
 ) -> torch.Tensor:
     """Generate token ids with exported programs, like ``model.generate(**inputs)``.
 
     ``generate(prompt, max_new_tokens=8)`` alone is a stage ``programs -> token ids``:
     ``pipe(model, capture(inputs), decompose, lower_to_onnx, generate(prompt))``.
+
+    The loop follows the generation config saved with the export (the model's
+    ``generation_config`` when ``decompose`` ran) with the keyword arguments
+    and ``settings`` applied over it, as ``model.generate(**kwargs)`` does, and scores every step
+    with transformers' own logits processors for it: forced BOS/EOS, suppressed
+    and begin-suppressed tokens, ``min_length`` / ``min_new_tokens``, repetition
+    penalty, ``no_repeat_ngram_size``, bad words, and temperature / top-k / top-p
+    when sampling. Greedy decoding then gives ``model.generate``'s tokens. What
+    the loop cannot do (beam search, stopping strings, assisted decoding,
+    Whisper's prompt tokens) is a ``ValueError`` naming the setting: run
+    ``hfx.as_model(programs).generate(...)`` for those.
 
     Args:
         inputs: the prompt, the generate inputs (``input_ids``, ``attention_mask``,
@@ -107,13 +134,15 @@ def generate(
             ``decode`` plus ``prefill`` (or a multi-token ``decode`` alone), and
             ``encoder`` for encoder-decoder models; any runtime.
         max_new_tokens: how many tokens to add.
-        do_sample: sample instead of taking the argmax.
-        temperature: divides the logits before sampling.
-        top_k: sample among the ``top_k`` most likely tokens only.
+        do_sample: sample instead of taking the argmax (default: the saved config's).
+        temperature: divides the logits before sampling (default: the saved config's).
+        top_k: sample among the ``top_k`` most likely tokens only (default: the saved config's).
         top_p: sample among the most likely tokens whose probabilities add up to ``top_p``.
         seed: seeds the sampler (same seed, same tokens).
         eos_token_id: default to the model's generation config.
         pad_token_id: default to the model's generation config.
+        settings: other ``transformers.GenerationConfig`` fields over the saved ones
+            (``{"repetition_penalty": 1.2, "no_repeat_ngram_size": 3, "min_new_tokens": 4, "num_beams": 1}``).
 
     Returns:
         Token ids: the prompt plus the new tokens for decoder-only models, the
@@ -123,13 +152,15 @@ def generate(
     Raises:
         TypeError: ``inputs`` is not a mapping or ``programs`` not ``Components`` (the arguments swapped).
         InputError: ``programs`` lacks a decode component, or a component takes an input generate cannot build.
+        ValueError: a setting that is not a generation setting, or one the loop cannot honour.
 
     Example:
         >>> import hfx
         >>> from hfx import zoo
         >>> model = zoo.build("llama")
         >>> parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model)))
-        >>> ids = generate(zoo.inputs("llama", batch=1, sequence=4), parts, max_new_tokens=3)
+        >>> ids = generate(zoo.inputs("llama", batch=1, sequence=4), parts, max_new_tokens=3,
+        ...                settings={"repetition_penalty": 1.2})
         >>> ids.shape
         torch.Size([1, 7])
     """
@@ -137,24 +168,29 @@ def generate(
     if "decode" not in programs:
         msg = f"generate takes the Components of decompose (with a 'decode' component), exported or lowered; got {list(programs)}"
         raise InputError(msg)
+    if settings is not None and not isinstance(settings, Mapping):
+        msg = f"generate: settings must be a mapping of generation settings, got {type(settings).__name__}"
+        raise TypeError(msg)
     meta = programs.meta
-    settings = meta.generation.config
-    eos = _eos_ids(settings.get("eos_token_id") if eos_token_id is _UNSET else eos_token_id)
-    pad = settings.get("pad_token_id") if pad_token_id is _UNSET else pad_token_id
-    if pad is None and eos:
-        pad = min(eos)
+    asked = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+             "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
+    config = generation_config(meta.generation.config, {**{k: v for k, v in asked.items() if v is not _UNSET}, **(settings or {})})
+    refuse_what_the_loop_cannot_do(config)
+    eos = _eos_ids(config.eos_token_id)
+    pad = config.pad_token_id if config.pad_token_id is not None or not eos else eos[0]  # as transformers pads
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    choose = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p, "generator": generator}
+    how = functools.partial(_picker, config, encoder_decoder=meta.generation.is_encoder_decoder, generator=generator,
+                            max_new_tokens=max_new_tokens)
 
     state: dict[str, Any] = dict(inputs)
     # Registered once for the whole loop: each step's call then finds the cache classes already there.
     with spec_caches(*(program.io for program in programs.values())):
         if meta.roles.internal_cache_length is not None:
-            return _generate_internal_cache(programs, state, max_new_tokens, eos, choose)
-        features = _run_feature_encoders(programs, state)
+            return _generate_internal_cache(programs, state, max_new_tokens, set(eos), how)
+        features = run_feature_encoders(programs, state)
         if meta.generation.is_encoder_decoder:
-            return _generate_encoder_decoder(programs, state, max_new_tokens, eos, pad, choose)
-        return _generate_decoder_only(programs, state, max_new_tokens, eos, pad, choose, features)
+            return _generate_encoder_decoder(programs, state, max_new_tokens, set(eos), pad, how)
+        return _generate_decoder_only(programs, state, max_new_tokens, set(eos), pad, how, features)
 
 
 def _check_order(inputs: Any, programs: Any) -> None:
@@ -166,7 +202,7 @@ def _check_order(inputs: Any, programs: Any) -> None:
         raise argument_error(call, "programs (the last argument)", "the Components of decompose", programs)
 
 
-def _run_feature_encoders(programs: Components, state: dict[str, Any]) -> dict[str, Any]:
+def run_feature_encoders(programs: Components, state: dict[str, Any]) -> dict[str, Any]:
     """Encode images / video / audio once, as generate() does before forward: ``{modality: features}``.
 
     Features go through the modality's projector component when there is
@@ -269,56 +305,44 @@ def _concatenated(outputs: list[Any]) -> Any:
 _GENERATED_TOKEN_TYPES = {"mm_token_type_ids": 0, "token_type_ids": 1}
 
 
-def _runner(program: Any) -> Any:
+def runner(program: Any) -> Any:
     """What the loop calls: a stateful program's session (its cache grows inside the runtime), else the program."""
     return program.session() if getattr(program, "state", ()) else program
 
 
 def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, token_key: str, mask_key: str,
-          max_new_tokens: int, eos: set[int], pad: Any, choose: dict[str, Any],
+          max_new_tokens: int, eos: set[int], pad: Any, how: Any,
           features: Mapping[str, Any] | None = None) -> torch.Tensor:
     """Prefill then decode one token at a time; ``state`` holds the inputs every step shares.
 
+    ``how(prompt_length=, mask=)`` gives the step's token picker (``_picker``);
     ``features``: the encoded, projected features a split multimodal prefill merges into the prompt.
     """
     batch = tokens.shape[0]
     name = prompt_component(programs)
     cache_key = programs.meta.roles.cache_input or "past_key_values"
-    state[cache_key] = _initial_cache(programs[name], batch, cache_key)
+    state[cache_key] = initial_cache(programs[name], batch, cache_key)
     mask = state[mask_key]
-    new_tokens = tokens
+    new_tokens = ids = tokens
     finished = torch.zeros(batch, dtype=torch.bool)
-    generated = []
+    pick = how(prompt_length=tokens.shape[-1], mask=mask)
     program = programs[name]
     if name != "decode" and getattr(programs.get("decode"), "state", ()):
         msg = (f"generate: the decode component keeps its cache in the runtime, so it prefills too; the {name!r} "
                "component cannot hand it a cache. Decompose with multi_token_decode=True (no prefill component).")
         raise ValueError(msg)
-    run = _runner(program)
+    run = runner(program)
     state["beam_idx"] = torch.arange(batch, dtype=torch.int32)  # a stateful graph's cache rows, kept in order
     sections = _position_sections(program)
     positions = None
     for _ in range(max_new_tokens):
-        past = mask.shape[-1] - new_tokens.shape[-1]
         state.update({token_key: new_tokens, mask_key: mask})
-        if sections:  # M-RoPE: the prompt's from the image grids, then one past the last
-            positions = prompt_positions(programs.meta.model, sections, state, mask) if positions is None else next_positions(positions)
-        else:
-            positions = text_positions(mask)[:, past:]
-        state.update({
-            "position_ids": positions,
-            "decoder_position_ids": positions,
-            "cache_position": torch.arange(past, mask.shape[-1]),
-        })
-        if name == "language_model":
-            logits, returned = _split_prefill(programs, state, features)
-        else:
-            outputs = run(**_step_inputs(program, name, state))
-            logits, returned = outputs.logits, output_cache(outputs)
-        token = _select(logits[:, -1, :].float(), **choose)
+        positions = with_positions(programs, sections, state, new_tokens, mask, positions)
+        logits, returned = step(programs, name, run, state, features)
+        token = pick(ids, logits)
         if pad is not None and eos:
             token = torch.where(finished, torch.as_tensor(pad, dtype=token.dtype), token)
-        generated.append(token)
+        ids = torch.cat([ids, token[:, None]], dim=-1)
         finished |= torch.isin(token, torch.tensor(sorted(eos), dtype=token.dtype)) if eos else finished
         if bool(finished.all()):
             break
@@ -331,21 +355,50 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
                 state[key] = torch.full_like(new_tokens, value, dtype=state[key].dtype)
         if name != "decode":
             program, name = programs["decode"], "decode"
-            run = _runner(program)
-    return torch.cat([tokens, torch.stack(generated, dim=1)], dim=-1)
+            run = runner(program)
+    return ids
+
+
+def with_positions(programs: Components, sections: int, state: dict[str, Any], new_tokens: torch.Tensor,
+                   mask: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+    """Put the step's position ids (and cache positions) into ``state``; return the position ids.
+
+    ``mask`` covers the past and ``new_tokens``. With M-RoPE ``sections`` the
+    prompt's come from the image grids, then each step's is one past ``previous``.
+    """
+    past = mask.shape[-1] - new_tokens.shape[-1]
+    if sections:
+        positions = prompt_positions(programs.meta.model, sections, state, mask) if previous is None else next_positions(previous)
+    else:
+        positions = text_positions(mask)[:, past:]
+    state.update({
+        "position_ids": positions,
+        "decoder_position_ids": positions,
+        "cache_position": torch.arange(past, mask.shape[-1]),
+    })
+    return positions
+
+
+def step(programs: Components, name: str, run: Any, state: dict[str, Any],
+         features: Mapping[str, Any] | None) -> tuple[torch.Tensor, Any]:
+    """One forward of the prompt or decode component ``name`` (called through ``run``): its logits and returned cache."""
+    if name == "language_model":
+        return _split_prefill(programs, state, features or {})
+    outputs = run(**_step_inputs(programs[name], name, state))
+    return outputs.logits, output_cache(outputs)
 
 
 def _generate_decoder_only(programs: Components, state: dict[str, Any], max_new_tokens: int, eos: set[int], pad: Any,
-                           choose: dict[str, Any], features: Mapping[str, Any]) -> torch.Tensor:
+                           how: Any, features: Mapping[str, Any]) -> torch.Tensor:
     if "input_ids" not in state:
         raise InputError("generate needs input_ids")
     tokens = state.pop("input_ids")
     state.setdefault("attention_mask", torch.ones_like(tokens))
-    return _loop(programs, state, tokens, "input_ids", "attention_mask", max_new_tokens, eos, pad, choose, features)
+    return _loop(programs, state, tokens, "input_ids", "attention_mask", max_new_tokens, eos, pad, how, features)
 
 
 def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_new_tokens: int, eos: set[int],
-                              pad: Any, choose: dict[str, Any]) -> torch.Tensor:
+                              pad: Any, how: Any) -> torch.Tensor:
     encoder = programs["encoder"]
     encoder_inputs = {k: state.pop(k) for k in list(state) if k in input_keys(encoder.io)}
     state["encoder_outputs"] = encoder(**encoder_inputs)
@@ -355,12 +408,34 @@ def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_n
     start = programs.meta.generation.decoder_start_token_id
     tokens = torch.full((batch, 1), int(start), dtype=torch.long)
     state["decoder_attention_mask"] = torch.ones_like(tokens)
-    ids = _loop(programs, state, tokens, "decoder_input_ids", "decoder_attention_mask", max_new_tokens, eos, pad, choose)
-    return ids if programs.meta.generation.returns_start_token else ids[:, 1:]
+    ids = encoder_inputs.get("input_ids")
+    how = functools.partial(how, encoder_input_ids=ids if ids is not None and ids.ndim == 2 else None)
+    ids = _loop(programs, state, tokens, "decoder_input_ids", "decoder_attention_mask", max_new_tokens, eos, pad, how)
+    return ids if programs.meta.generation.returns_start_token else _transcripts(ids[:, 1:], eos, pad)
+
+
+def _transcripts(ids: torch.Tensor, eos: set[int], pad: Any) -> torch.Tensor:
+    """Whisper's ``generate`` output: each row without the padding after its EOS nor the EOS, right-padded again.
+
+    Whisper's generate (the model whose output leaves the start token out) cuts
+    each row's segment so (``WhisperGenerationMixin.generate``, step 6.7).
+    """
+    if not eos or pad is None:
+        return ids
+    rows = []
+    for row in ids:
+        end = len(row)
+        while end and int(row[end - 1]) == pad:
+            end -= 1
+        if pad not in eos and end and int(row[end - 1]) in eos:
+            end -= 1
+        rows.append(row[:end])
+    longest = max(len(row) for row in rows)
+    return torch.stack([torch.cat([row, row.new_full((longest - len(row),), int(pad))]) for row in rows])
 
 
 def _generate_internal_cache(programs: Components, state: dict[str, Any], max_new_tokens: int, eos: set[int],
-                             choose: dict[str, Any]) -> torch.Tensor:
+                             how: Any) -> torch.Tensor:
     """The runner's loop over a decode graph that keeps its cache: the prompt at position 0, then one token a step.
 
     The graph's cache is one sequence (batch 1) without padding: its causal
@@ -378,14 +453,14 @@ def _generate_internal_cache(programs: Components, state: dict[str, Any], max_ne
                f"decode component's cache of {length} positions; decompose with a larger internal_cache_length")
         raise InputError(msg)
     decode = programs["decode"]
-    step, position, generated = tokens, 0, []
+    pick = how(prompt_length=tokens.shape[1], mask=None)
+    new_tokens, position, ids = tokens, 0, tokens
     for _ in range(max_new_tokens):
-        outputs = decode(tokens=step, input_pos=torch.tensor([position]))
-        logits = outputs if isinstance(outputs, torch.Tensor) else outputs.logits
-        token = _select(logits[:, -1, :].float(), **choose)
-        generated.append(token)
+        outputs = decode(tokens=new_tokens, input_pos=torch.tensor([position]))
+        token = pick(ids, outputs if isinstance(outputs, torch.Tensor) else outputs.logits)
+        ids = torch.cat([ids, token[:, None]], dim=-1)
         if int(token) in eos:
             break
-        position += step.shape[1]
-        step = token[:, None]
-    return torch.cat([tokens, torch.stack(generated, dim=1)], dim=-1)
+        position += new_tokens.shape[1]
+        new_tokens = token[:, None]
+    return ids

@@ -8,8 +8,13 @@ from toolz import pipe
 
 import hfx
 from hfx import zoo
-from hfx._generate import _initial_cache
-from tests.helpers import GENERATIVE_MODELS, NEW_TOKENS, eager_tokens, packed_image_inputs
+from hfx._generate import initial_cache
+from tests.helpers import (
+    GENERATIVE_MODELS,
+    NEW_TOKENS,
+    eager_tokens,
+    packed_image_inputs,
+)
 from tests.tolerances import FP32_PARITY
 
 
@@ -90,7 +95,7 @@ def test_multi_token_decode_alone_prefills_and_decodes(models):
     # a block of speculative tokens: three new tokens over a cache, in one call, with every token's logits
     decode = parts["decode"]
     full = eager_tokens(model, zoo.inputs("llama", batch=1, sequence=6), 3)
-    empty = _initial_cache(decode, 1, "past_key_values")
+    empty = initial_cache(decode, 1, "past_key_values")
     prompt = decode(input_ids=full[:, :6], attention_mask=torch.ones(1, 6, dtype=torch.long),
                     position_ids=torch.arange(6)[None], past_key_values=empty)
     block = decode(input_ids=full[:, 6:9], attention_mask=torch.ones(1, 9, dtype=torch.long),
@@ -163,3 +168,13 @@ def test_the_old_calls_are_type_errors(generative):
         hfx.generate(parts, prompt, max_new_tokens=3)
     with pytest.raises(TypeError, match=r"programs \(the last argument\) must be the Components of decompose, got Exported"):
         hfx.generate(prompt, parts["decode"])
+
+
+def test_whisper_rows_leave_out_their_eos_and_padding_as_whisper_generate_does():
+    from hfx._generate import _transcripts
+
+    ids = torch.tensor([[5, 6, 2, 0, 0], [5, 6, 7, 8, 2], [5, 6, 7, 8, 9]])
+    assert _transcripts(ids, {2}, 0).tolist() == [[5, 6, 0, 0, 0], [5, 6, 7, 8, 0], [5, 6, 7, 8, 9]]
+    assert _transcripts(ids[:2], {2}, 0).tolist() == [[5, 6, 0, 0], [5, 6, 7, 8]]
+    same = torch.tensor([[5, 2, 2, 2], [5, 6, 7, 2]])  # Whisper's own checkpoints pad with their EOS
+    assert _transcripts(same, {2}, 2).tolist() == [[5, 2, 2], [5, 6, 7]]

@@ -27,19 +27,26 @@ def text_positions(mask: torch.Tensor) -> torch.Tensor:
     return positions.masked_fill(mask == 0, 0)
 
 
-@functools.lru_cache(maxsize=4)
-def _weightless(class_name: str, config_json: str) -> torch.nn.Module:
-    """The model class built from its config on the ``meta`` device: its methods, no weights.
+def model_class(class_name: str) -> type:
+    """The transformers model class a saved manifest names; only a ``PreTrainedModel`` subclass is taken.
 
-    ``class_name`` comes from a saved manifest: only a transformers model class is built from it.
+    Raises:
+        ValueError: ``class_name`` is not a transformers model class.
     """
     import transformers
 
     cls = getattr(transformers, class_name, None) if class_name.isidentifier() else None
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
         msg = (f"the manifest's model class {class_name!r} is not a transformers model class; hfx builds only "
-               "those from a saved export (for M-RoPE positions). Export the model again with hfx.")
+               "those from a saved export. Export the model again with hfx.")
         raise ValueError(msg)
+    return cls
+
+
+@functools.lru_cache(maxsize=4)
+def _weightless(class_name: str, config_json: str) -> torch.nn.Module:
+    """The model class built from its config on the ``meta`` device: its methods, no weights."""
+    cls = model_class(class_name)
     config = cls.config_class.from_dict(json.loads(config_json))
     with torch.device("meta"):
         return cls(config)

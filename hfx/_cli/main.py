@@ -91,6 +91,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-new-tokens", type=int, default=20, help="how many tokens to generate (default: 20)")
     run.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     run.add_argument("--seed", type=int, help="seed for --do-sample (same seed, same tokens)")
+    run.add_argument("--num-beams", type=int, default=1,
+                     help="beam search with N beams, run by transformers' generate over the programs (hfx.as_model)")
+    run.add_argument("--temperature", type=float, help="divide the logits before sampling")
+    run.add_argument("--top-k", type=int, help="sample among the K most likely tokens")
+    run.add_argument("--top-p", type=float, help="sample among the most likely tokens whose probabilities add up to P")
+    run.add_argument("--repetition-penalty", type=float, help="penalise tokens already in the sequence (1.0: none)")
+    run.add_argument("--no-repeat-ngram-size", type=int, help="never repeat an n-gram of this size")
+    run.add_argument("--min-new-tokens", type=int, help="generate at least this many tokens before EOS")
     run.add_argument("--trust", action="store_true",
                      help="load a .pt2 that holds pickled parts (hfx never writes them; unpickling can run code)")
 

@@ -6,7 +6,14 @@ import argparse
 from pathlib import Path
 from typing import IO, Any
 
-from hfx._cli.common import EXIT_OK, UsageError, quiet_step, require_runtimes, saved_exports, table
+from hfx._cli.common import (
+    EXIT_OK,
+    UsageError,
+    quiet_step,
+    require_runtimes,
+    saved_exports,
+    table,
+)
 
 
 def run_generate(args: argparse.Namespace, stream: IO[str]) -> int:
@@ -21,14 +28,42 @@ def run_generate(args: argparse.Namespace, stream: IO[str]) -> int:
         raise UsageError(msg)
     tokenizer = getattr(programs.processor, "tokenizer", programs.processor)
     inputs = prompt_inputs(args, tokenizer)
-    options = {"max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample, "seed": args.seed}
-    tokens = quiet_step(stream, args, f"generate {args.max_new_tokens} tokens on {runtime}",
-                        lambda: hfx.generate(inputs, programs, **options))
+    settings = generation_settings(args)
+    if args.num_beams > 1:
+        how = f"search {args.num_beams} beams for {args.max_new_tokens} tokens on {runtime} (transformers' generate)"
+        tokens = quiet_step(stream, args, how, lambda: _transformers_generate(programs, inputs, args, settings))
+    else:
+        options = {"max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample, "seed": args.seed}
+        tokens = quiet_step(stream, args, f"generate {args.max_new_tokens} tokens on {runtime}",
+                            lambda: hfx.generate(inputs, programs, **options, settings=settings))
     if args.prompt is not None:
         print(tokenizer.decode(tokens[0], skip_special_tokens=True))
     else:
         print(",".join(str(int(token)) for token in tokens[0]))
     return EXIT_OK
+
+
+# CLI option -> the generation setting it sets (given ones only, over the saved generation config).
+_SETTINGS = ("temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size", "min_new_tokens")
+
+
+def generation_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The generation settings given on the command line."""
+    return {name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None}
+
+
+def _transformers_generate(programs: Any, inputs: dict[str, Any], args: argparse.Namespace,
+                           settings: dict[str, Any]) -> Any:
+    """transformers' own generate over ``programs`` (beam search and everything else it does)."""
+    import torch
+
+    import hfx
+
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    with torch.no_grad():
+        return hfx.as_model(programs).generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+                                               num_beams=args.num_beams, **settings)
 
 
 def _chosen_export(directory: Path, runtime: str | None) -> tuple[str, Path]:

@@ -120,6 +120,22 @@ def test_run_samples_like_hfx_generate_with_the_same_seed(llama_export):
     assert result.stdout.strip() == ",".join(map(str, expected[0].tolist()))
 
 
+def test_run_searches_beams_with_the_common_options_as_eager_generate_does(llama_export):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _, out = llama_export
+    result = hfx_cli("run", str(out), "--runtime", "onnx", "--input-ids", "5,6,7", "--num-beams", "3",
+                     "--repetition-penalty", "1.2", "--no-repeat-ngram-size", "2", "--max-new-tokens", "6")
+    assert result.returncode == 0, result.stderr
+    model = AutoModelForCausalLM.from_pretrained(out.parent / "llama").eval()
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        expected = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                                  num_beams=3, repetition_penalty=1.2, no_repeat_ngram_size=2)
+    assert result.stdout.strip() == ",".join(map(str, expected[0].tolist()))
+
+
 def test_export_for_consumers_writes_the_packages_their_pipelines_load(tmp_path):
     # Two consumers with two decompositions (the runner keeps its cache inside); each writer's own
     # package, run by the real consumer, is tested in tests/_package.

@@ -95,9 +95,9 @@ def test_stateful_model_keeps_the_given_model_and_reorders_by_beam_idx(parts):
 
 
 def _empty_cache(program):
-    from hfx._generate import _initial_cache
+    from hfx._generate import initial_cache
 
-    return _initial_cache(program, 2, "past_key_values")
+    return initial_cache(program, 2, "past_key_values")
 
 
 def test_consumers_refuse_what_they_cannot_load(parts, tmp_path):

@@ -1,4 +1,4 @@
-"""generate on every runtime: the lowered prefill/decode (+ encoder) graphs give exactly the eager tokens."""
+"""generate and as_model on every runtime: the lowered prefill/decode (+ encoder) graphs give exactly the eager tokens."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import torch
 
 import hfx
 from hfx import zoo
-from tests.helpers import GENERATIVE_MODELS, NEW_TOKENS, eager_tokens, memoized, one_layer, packed_image_inputs
+from tests.helpers import (
+    GENERATIVE_MODELS,
+    NEW_TOKENS,
+    eager_tokens,
+    memoized,
+    one_layer,
+    packed_image_inputs,
+)
 
 # runtime -> (module that must be importable, the lowering's name in hfx)
 RUNTIMES = {
@@ -46,12 +53,28 @@ _GENERATE_CELLS = [(name, runtime) for name in GENERATIVE_MODELS for runtime in 
                    if (name, runtime) != ("t5", "pte") and name != "llama"]
 
 
+def _eager(model, inputs, **settings):
+    with torch.no_grad():
+        return model.generate(**inputs, do_sample=False, **settings)
+
+
 @pytest.mark.parametrize(("name", "runtime"), _GENERATE_CELLS)
-def test_greedy_tokens_match_eager(lowered, runtime, name):
+def test_generate_and_as_model_give_the_eager_tokens(lowered, runtime, name):
     model, programs = lowered(runtime, name)
     inputs = zoo.inputs(name, batch=2, sequence=9)
     expected = eager_tokens(model, inputs, NEW_TOKENS[name])
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=NEW_TOKENS[name]), expected)
+    # transformers' own generate over the same programs: greedy, then 3 beams (the cache reordered each step) on
+    # one prompt (3 rows: within ExecuTorch's planned batch of 4), and a forced EOS in the last position.
+    view = hfx.as_model(programs)
+    assert torch.equal(_eager(view, inputs, max_new_tokens=NEW_TOKENS[name]), expected)
+    if name != "llava":
+        one = zoo.inputs(name, batch=1, sequence=9)
+        assert torch.equal(_eager(view, one, max_new_tokens=8, num_beams=3), _eager(model, one, max_new_tokens=8, num_beams=3))
+        forced = {"forced_eos_token_id": model.generation_config.eos_token_id}
+        expected = _eager(model, inputs, max_new_tokens=6, **forced)
+        assert torch.equal(_eager(view, inputs, max_new_tokens=6, **forced), expected)
+        assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6, settings=forced), expected)
 
 
 @pytest.mark.parametrize("runtime", ["onnx", "ov"])  # ExecuTorch: checked by benchmarks/coverage.py (slow lowering)
@@ -74,6 +97,34 @@ def test_llama_generates_eager_tokens_greedy_and_seeded_and_stores_its_weights_o
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=32), eager_tokens(model, inputs, 32))
     first = hfx.generate(inputs, programs, max_new_tokens=8, do_sample=True, top_k=20, seed=11)
     assert torch.equal(first, hfx.generate(inputs, programs, max_new_tokens=8, do_sample=True, top_k=20, seed=11))
+    _as_model_matches_eager_for_each_setting(model, programs)
+
+
+def _as_model_matches_eager_for_each_setting(model, programs):
+    """transformers' generate over ``programs``: the model's default, 3 beams, repetition penalty with no repeated
+    bigram, on a left-padded batch of 3; and a streamer that receives the tokens in order."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.pieces = []
+
+        def put(self, value):
+            self.pieces.append(value.reshape(-1))
+
+        def end(self):
+            pass
+
+    view = hfx.as_model(programs)
+    padded = zoo.inputs("llama", batch=3, sequence=9)  # row 0 left-padded
+    one = zoo.inputs("llama", batch=1, sequence=6)
+    for inputs, settings in ((padded, {}), (one, {"num_beams": 3}),
+                             (padded, {"repetition_penalty": 1.3, "no_repeat_ngram_size": 2})):
+        expected = _eager(model, inputs, max_new_tokens=10, **settings)
+        assert torch.equal(_eager(view, inputs, max_new_tokens=10, **settings), expected), settings
+    streamer = Collect()
+    tokens = _eager(view, one, max_new_tokens=6, streamer=streamer)
+    assert torch.equal(torch.cat(streamer.pieces), tokens[0]) and torch.equal(tokens, _eager(model, one, max_new_tokens=6))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ pytest.importorskip("onnxruntime")
 import hfx  # noqa: E402
 from hfx import zoo  # noqa: E402
 from hfx.backends import ORT_ATTENTION_FUSIONS, ORT_FUSIONS  # noqa: E402
-from hfx._generate import _initial_cache  # noqa: E402
+from hfx._generate import initial_cache  # noqa: E402
 from hfx.backends._onnx import default_providers, default_threads  # noqa: E402
 from tests.helpers import NEW_SHAPE, eager_tokens  # noqa: E402
 from tests.tolerances import FP32_ONE_BLOCK, FP32_PARITY  # noqa: E402
@@ -69,7 +69,7 @@ def test_prefill_logits_and_cache_match_eager(lowered):
     inputs = zoo.inputs("llama", **NEW_SHAPE)
     prefill = programs["prefill"]
     positions = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-    got = prefill(**inputs, position_ids=positions, past_key_values=_initial_cache(prefill, NEW_SHAPE["batch"],
+    got = prefill(**inputs, position_ids=positions, past_key_values=initial_cache(prefill, NEW_SHAPE["batch"],
                                                                                    "past_key_values"))
     with torch.no_grad():
         want = model(**inputs, position_ids=positions, use_cache=True)

@@ -54,7 +54,7 @@ def test_a_call_starts_from_an_empty_cache_and_a_session_keeps_it(parts, statefu
     positions = (prompt["attention_mask"].cumsum(-1) - 1).clamp(min=0)
     feed = {**prompt, "position_ids": positions}
     rows = torch.arange(2, dtype=torch.int32)
-    empty = hfx._generate._initial_cache(stateless, 2, "past_key_values")  # noqa: SLF001
+    empty = hfx._generate.initial_cache(stateless, 2, "past_key_values")  # noqa: SLF001
     want = stateless(**feed, past_key_values=empty)
     for _ in range(2):  # twice: each plain call starts again
         torch.testing.assert_close(stateful(**feed, beam_idx=rows).logits, want.logits, atol=FP32_ONE_BLOCK, rtol=FP32_ONE_BLOCK)

@@ -1,0 +1,99 @@
+"""The generation config an export carries, and transformers' own logits processors built from it.
+
+``decompose`` saves the model's generation config with the components
+(``GenerationSettings.config``). ``hfx.generate`` rebuilds it, applies the
+caller's overrides as ``model.generate(**kwargs)`` does, and asks transformers
+for the logits processors that config implies (forced BOS/EOS, suppressed
+tokens, minimum length, repetition penalty, ``no_repeat_ngram_size``, bad
+words, the sampling warpers), so the lean loop picks the tokens transformers
+picks. What the lean loop cannot do (beam search, stopping strings, assisted
+decoding ...) is an error that names the setting and points to ``hfx.as_model``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+# Settings the lean loop cannot honour -> the values that mean "off". Each needs another search (beams,
+# groups, contrastive), a tokenizer (stop strings), another model (assisted), more forwards (guidance) or
+# constrained decoding.
+_OFF = (None, False)
+_LOOP_CANNOT = {
+    "num_beams": (1, None), "num_beam_groups": (1, None), "num_return_sequences": (1, None),
+    "guidance_scale": (1, 1.0, None), "penalty_alpha": (0, 0.0, None), "stop_strings": _OFF,
+    "constraints": _OFF, "force_words_ids": _OFF, "prompt_lookup_num_tokens": _OFF, "dola_layers": _OFF,
+    "token_healing": _OFF, "max_time": _OFF,
+}
+# Settings a model's own ``generate`` reads to build its prompt or processors (Whisper's language, task and
+# timestamp tokens), which the lean loop does not rebuild.
+_MODEL_OWN = ("forced_decoder_ids", "lang_to_id", "task_to_id", "no_timestamps_token_id", "is_multilingual")
+
+
+def generation_config(settings: Mapping[str, Any], overrides: Mapping[str, Any]) -> Any:
+    """The saved generation config ``settings`` with ``overrides`` applied and checked by transformers.
+
+    Raises:
+        ValueError: an override transformers does not know, or a combination it refuses.
+    """
+    from transformers import GenerationConfig
+
+    config = GenerationConfig.from_dict(dict(settings))
+    unknown = sorted(key for key in overrides if not hasattr(config, key))
+    if unknown:
+        msg = f"generate: {unknown} are not generation settings (see transformers.GenerationConfig)"
+        raise ValueError(msg)
+    config.update(**overrides)
+    try:
+        config.validate(strict=True)
+    except ValueError as exc:
+        msg = f"generate: the generation settings do not fit together: {exc}"
+        raise ValueError(msg) from exc
+    return config
+
+
+def refuse_what_the_loop_cannot_do(config: Any) -> None:
+    """Raise ``ValueError`` naming each setting of ``config`` that ``hfx.generate``'s loop would ignore."""
+    asked = {key: getattr(config, key, None) for key in _LOOP_CANNOT}
+    asked = {key: value for key, value in asked.items() if value not in _LOOP_CANNOT[key]}
+    asked.update({key: getattr(config, key) for key in _MODEL_OWN if getattr(config, key, None)})
+    if asked:
+        names = ", ".join(f"{key}={value!r}" for key, value in sorted(asked.items()))
+        msg = (f"generate: the generation settings ask for {names}, which hfx.generate's greedy/sampling loop "
+               "does not do. Run hfx.as_model(programs).generate(...) (transformers' own generate over the "
+               "exported graphs), or override them (hfx.generate(..., settings={'num_beams': 1})).")
+        raise ValueError(msg)
+
+
+def lengths(config: Any, *, prompt_length: int, max_new_tokens: int) -> Any:
+    """``config`` with ``max_length`` and ``min_length`` counted from ``prompt_length``, as ``model.generate`` sets them."""
+    config.max_new_tokens = max_new_tokens
+    config.max_length = max_new_tokens + prompt_length
+    if config.min_new_tokens is not None:
+        config.min_length = config.min_new_tokens + prompt_length
+    return config
+
+
+def logits_processors(config: Any, *, is_encoder_decoder: bool, prompt_length: int,
+                      encoder_input_ids: torch.Tensor | None, mask: torch.Tensor | None) -> Any:
+    """transformers' ``LogitsProcessorList`` for ``config``: what ``model.generate`` applies to each step's scores.
+
+    Built by ``GenerationMixin._prepare_special_tokens`` and ``_get_logits_processor``,
+    which read only the model config's ``is_encoder_decoder`` (and the vocabulary for watermarks).
+    """
+    from transformers import GenerationMixin, PretrainedConfig
+
+    class _ConfigOnly(GenerationMixin):
+        def __init__(self) -> None:
+            self.config = PretrainedConfig(is_encoder_decoder=is_encoder_decoder)
+
+    mask_key = "decoder_attention_mask" if is_encoder_decoder else "attention_mask"
+    builder = _ConfigOnly()
+    # The processors read the special tokens as tensors, which generate() prepares first.
+    builder._prepare_special_tokens(config, mask is not None, device="cpu")
+    return builder._get_logits_processor(
+        config, input_ids_seq_length=prompt_length, encoder_input_ids=encoder_input_ids, device="cpu",
+        model_kwargs={mask_key: mask} if mask is not None else {},
+    )
