@@ -256,11 +256,25 @@ def _new_rows(ids: Any, prompt: dict[str, list[list[int]]], tokens: int) -> list
 
 def open_eager(checkpoint: Path, out: Path) -> Generate:
     """Transformers' own ``generate`` on the checkpoint (SDPA attention)."""
-    import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
-    # No end token, as hfx.generate(eos_token_id=None): min_new_tokens would suppress it and change the argmax.
+    del out
+    return _transformers_generate(transformers.AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa").eval())
+
+
+def open_as_model(checkpoint: Path, out: Path) -> Generate:
+    """Transformers' own ``generate`` over the saved programs: ``hfx.as_model(hfx.load(out))`` (no torch weights)."""
+    import hfx
+
+    del checkpoint
+    return _transformers_generate(hfx.as_model(hfx.load(out)))
+
+
+def _transformers_generate(model: Any) -> Generate:
+    """Greedy ``model.generate`` with no end token (as ``hfx.generate(eos_token_id=None)``)."""
+    import torch
+
+    # No end token: min_new_tokens would suppress it and change the argmax.
     model.generation_config.eos_token_id = None
 
     def generate(prompt: dict[str, list[list[int]]], tokens: int) -> list[list[int]]:
@@ -430,6 +444,9 @@ def hfx_contenders() -> list[Contender]:
                  for suffix, options, multi_token in variants]
         rows += [_hfx(f"hfx-{runtime}-{form.slug}", runtime, hfx_steps(runtime, {}, form), multi_token=False)
                  for form in QUANTIZED_FORMS if form.runtime == runtime]
+    # The same programs driven by transformers' generate (hfx.as_model): its memory is the runtime's.
+    rows += [attrs.evolve(_hfx(f"hfx-{runtime}-1graph-as-model", runtime, hfx_steps(runtime, {}), multi_token=True),
+                          open=open_as_model) for runtime in ("onnx", "ov")]
     return rows
 
 

@@ -104,20 +104,45 @@ def _view_class(cls: type) -> type:
     namespace = {
         "__module__": cls.__module__,
         "__doc__": f"{cls.__name__} over exported programs (hfx.as_model): no weights, forward runs the programs.",
-        "forward": functools.wraps(cls.forward)(_forward),
+        "forward": _as_method_of(cls.forward, _forward),
         "device": property(lambda self: _CPU),
         "get_encoder": _get_encoder,
-        "generate": functools.wraps(cls.generate)(_generate),
+        "generate": _as_method_of(cls.generate, _generate),
+        "prepare_inputs_for_generation": _as_method_of(cls.prepare_inputs_for_generation, _prepared_inputs),
         # Image and audio features are encoded by the programs inside forward, not by transformers before it.
         "_supports_mm_encoder_outputs": classmethod(lambda cls: False),
     }
     return type(cls.__name__, (cls,), namespace)
 
 
+def _as_method_of(original: Any, body: Any) -> Any:
+    """A new function running ``body`` that shows ``original``'s name and signature (transformers reads them).
+
+    A new one per class: ``functools.wraps`` writes onto the function it is given, so wrapping ``body``
+    itself would give every view class the signature of the last class wrapped.
+    """
+
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return body(self, *args, **kwargs)
+
+    return method
+
+
 def _generate(self: Any, *args: Any, **kwargs: Any) -> Any:
     """transformers' ``generate`` with the programs' cache classes registered for the whole call."""
     with spec_caches(*(program.io for program in self.hfx_programs.values())):
         return super(type(self), self).generate(*args, **kwargs)
+
+
+def _prepared_inputs(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """transformers' step inputs with the 2D attention mask: for a static (compilable) cache transformers makes
+    a 4D mask here, but the exported graphs take the 2D one and build their own."""
+    inputs = super(type(self), self).prepare_inputs_for_generation(*args, **kwargs)
+    key = "decoder_attention_mask" if self.config.is_encoder_decoder else "attention_mask"
+    if kwargs.get(key) is not None:
+        inputs[key] = kwargs[key]
+    return inputs
 
 
 def _get_encoder(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -173,3 +173,38 @@ def install_transformers_js() -> Path:
     subprocess.run(["npm", "install", "--prefix", str(NODE_PREFIX), "--no-audit", "--no-fund", "--loglevel=error",
                     f"@huggingface/transformers@{TRANSFORMERS_JS}"], env=env, check=True)
     return NODE_PREFIX
+
+
+def whisper_speech_parts(config) -> tuple:
+    """``(tokenizer, feature extractor)`` the ASR pipeline takes for a zoo Whisper (no download).
+
+    A byte-level Whisper tokenizer whose special tokens sit at the config's ids (pad 0, start 1, EOS 2) and
+    ``<|notimestamps|>`` at the last id, so no generated id reads as a timestamp; features of one 1-second chunk
+    at ``config.max_source_positions * 2`` frames, the length the tiny encoder takes.
+    """
+    from transformers import WhisperFeatureExtractor, WhisperTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {"<|pad|>": 0, "<|startoftranscript|>": 1, "<|endoftext|>": 2}
+    for char in bytes_to_unicode().values():
+        if len(vocab) < config.vocab_size - 1:
+            vocab.setdefault(char, len(vocab))
+    vocab["<|notimestamps|>"] = config.vocab_size - 1
+    tokenizer = WhisperTokenizer(vocab=vocab, merges=[], pad_token="<|pad|>")
+    frames = config.max_source_positions * 2
+    features = WhisperFeatureExtractor(feature_size=config.num_mel_bins, sampling_rate=16000, chunk_length=1,
+                                       hop_length=16000 // frames, n_fft=400)
+    return tokenizer, features
+
+
+def llava_processor(config):
+    """A ``LlavaProcessor`` for a zoo LLaVA: the zoo tokenizer with ``<image>`` at the config's image token id."""
+    from transformers import CLIPImageProcessor, LlavaProcessor
+
+    tokenizer = zoo.tokenizer()
+    tokenizer.add_tokens([f"<unused{i}>" for i in range(config.image_token_index - len(tokenizer))])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    side = config.vision_config.image_size
+    images = CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    return LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=config.vision_config.patch_size,
+                          vision_feature_select_strategy="default", image_token="<image>", num_additional_image_tokens=1)

@@ -11,6 +11,7 @@ import torch
 
 import hfx
 from hfx import zoo
+from tests.helpers import llava_processor, one_layer, whisper_speech_parts
 
 # A table of generation settings -> what each exercises in transformers' generate.
 LLAMA_SETTINGS = {
@@ -127,7 +128,29 @@ def test_the_shipped_generation_config_is_honoured(marian_shipped):
     assert torch.equal(hfx.generate(inputs, parts, max_new_tokens=8, settings={"num_beams": 1}), expected)
 
 
-@pytest.mark.parametrize("setting", [s for s in LLAMA_SETTINGS if "beam" not in s])
+@pytest.mark.parametrize("drafts", ["prompt lookup", "a one-layer draft model"])
+def test_assisted_decoding_gives_the_eager_tokens(generative, drafts):
+    # The decode graph takes several tokens (the candidates) and the cache is cropped where they are rejected;
+    # transformers assists at batch 1 only.
+    model, parts = generative("llama")
+    inputs = zoo.inputs("llama", batch=1, sequence=9)
+    draft = {"prompt_lookup_num_tokens": 3} if drafts == "prompt lookup" else {"assistant_model": one_layer("llama")}
+    settings = {"max_new_tokens": 12, "do_sample": False, **draft}
+    assert torch.equal(_eager(hfx.as_model(parts), inputs, **settings), _eager(model, inputs, **settings))
+
+
+def test_a_loaded_export_searches_beams_like_eager(generative, tmp_path):
+    model, parts = generative("t5")
+    hfx.save(tmp_path / "t5", parts)
+    inputs = zoo.inputs("t5", batch=2, sequence=9)
+    settings = {"max_new_tokens": 8, "num_beams": 3, "do_sample": False}
+    assert torch.equal(_eager(hfx.as_model(hfx.load(tmp_path / "t5")), inputs, **settings), _eager(model, inputs, **settings))
+
+
+LOOP_SETTINGS = [s for s in LLAMA_SETTINGS if "beam" not in s]
+
+
+@pytest.mark.parametrize("setting", LOOP_SETTINGS)
 def test_the_lean_loop_applies_transformers_processors(generative, setting):
     model, parts = generative("llama")
     inputs = zoo.inputs("llama", batch=3, sequence=9)
@@ -149,6 +172,31 @@ def test_the_text_generation_pipeline_gives_the_eager_text(generative):
     assert ours == eager and ours[0][0]["generated_text"] != prompts[0]
 
 
+def test_the_speech_recognition_pipeline_gives_the_eager_text(generative):
+    import numpy as np
+    from transformers import pipeline
+
+    model, parts = generative("whisper")
+    tokenizer, features = whisper_speech_parts(model.config)
+    audio = np.random.default_rng(0).standard_normal(12000).astype("float32")  # 0.75 s
+    texts = [pipeline("automatic-speech-recognition", model=m, tokenizer=tokenizer, feature_extractor=features)(
+        audio, generate_kwargs={"max_new_tokens": 8}) for m in (model, hfx.as_model(parts))]
+    assert texts[0] == texts[1] and texts[0]["text"]
+
+
+def test_the_image_text_to_text_pipeline_gives_the_eager_text(generative):
+    import numpy as np
+    from PIL import Image
+    from transformers import pipeline
+
+    model, parts = generative("llava")
+    processor = llava_processor(model.config)
+    image = Image.fromarray((np.random.default_rng(0).random((40, 40, 3)) * 255).astype("uint8"))
+    texts = [pipeline("image-text-to-text", model=m, processor=processor)(
+        images=image, text="<image> the cat sat", max_new_tokens=6, do_sample=False) for m in (model, hfx.as_model(parts))]
+    assert texts[0] == texts[1] and texts[0][0]["generated_text"] != "<image> the cat sat"
+
+
 def test_as_model_refuses_what_transformers_cannot_drive(generative):
     _, parts = generative("llama")
     with pytest.raises(TypeError, match="Components"):
@@ -159,3 +207,13 @@ def test_as_model_refuses_what_transformers_cannot_drive(generative):
         hfx.generate(zoo.inputs("llama", batch=1, sequence=4), parts, settings=[("num_beams", 1)])
     with pytest.raises(ValueError, match=r"\['beams'\] are not generation settings"):
         hfx.generate(zoo.inputs("llama", batch=1, sequence=4), parts, settings={"beams": 2})
+
+
+def test_each_view_class_shows_its_own_forward_signature(generative):
+    import inspect
+
+    views = [hfx.as_model(generative(name)[1]) for name in ("llava", "whisper", "llama")]
+    originals = [generative(name)[0] for name in ("llava", "whisper", "llama")]
+    for view, model in zip(views, originals, strict=True):
+        assert inspect.signature(view.forward) == inspect.signature(model.forward)
+        assert inspect.signature(view.prepare_inputs_for_generation) == inspect.signature(model.prepare_inputs_for_generation)
