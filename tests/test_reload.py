@@ -17,7 +17,7 @@ from pathlib import Path
 
 import hfx
 from hfx import zoo
-from tests.helpers import CAPTURE_SHAPE
+from tests.helpers import CAPTURE_SHAPE, one_layer
 
 _CHECK = textwrap.dedent(
     """
@@ -57,17 +57,8 @@ _CHECK = textwrap.dedent(
 )
 
 
-def _one_layer_llama():
-    """The zoo Llama with one decoder layer: the same graphs, lowered again in the subprocess in less time."""
-    import transformers
-
-    config = zoo.entry("llama").config()
-    config.num_hidden_layers = 1
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
-
-
 def test_a_saved_export_relowers_to_every_runtime_in_a_fresh_process(models, tmp_path):
-    model = _one_layer_llama()
+    model = one_layer("llama")  # the same graphs, lowered again in the subprocess in less time
     parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama", **CAPTURE_SHAPE), model)))
     model.save_pretrained(tmp_path / "llama-model")
     models("bert").save_pretrained(tmp_path / "bert-model")

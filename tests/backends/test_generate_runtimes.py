@@ -14,6 +14,7 @@ from tests.helpers import (
     memoized,
     one_layer,
     packed_image_inputs,
+    whisper_speech_parts,
 )
 
 # runtime -> (module that must be importable, the lowering's name in hfx)
@@ -75,6 +76,20 @@ def test_generate_and_as_model_give_the_eager_tokens(lowered, runtime, name):
         expected = _eager(model, inputs, max_new_tokens=6, **forced)
         assert torch.equal(_eager(view, inputs, max_new_tokens=6, **forced), expected)
         assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6, settings=forced), expected)
+    if name == "whisper":
+        _speech_recognition_matches_eager(model, view)
+
+
+def _speech_recognition_matches_eager(model, view):
+    import numpy as np
+    from transformers import pipeline
+
+    tokenizer, features = whisper_speech_parts(model.config)
+    audio = np.random.default_rng(1).standard_normal(9000).astype("float32")
+    # The pipeline searches 5 beams by default (openai's Whisper does); 3 fit ExecuTorch's planned batch of 4.
+    texts = [pipeline("automatic-speech-recognition", model=m, tokenizer=tokenizer, feature_extractor=features)(
+        audio, generate_kwargs={"max_new_tokens": 8, "num_beams": 3}) for m in (model, view)]
+    assert texts[0] == texts[1] and texts[0]["text"]
 
 
 @pytest.mark.parametrize("runtime", ["onnx", "ov"])  # ExecuTorch: checked by benchmarks/coverage.py (slow lowering)
@@ -103,6 +118,7 @@ def test_llama_generates_eager_tokens_greedy_and_seeded_and_stores_its_weights_o
 def _as_model_matches_eager_for_each_setting(model, programs):
     """transformers' generate over ``programs``: the model's default, 3 beams, repetition penalty with no repeated
     bigram, on a left-padded batch of 3; and a streamer that receives the tokens in order."""
+    from transformers import pipeline
     from transformers.generation.streamers import BaseStreamer
 
     class Collect(BaseStreamer):
@@ -125,6 +141,9 @@ def _as_model_matches_eager_for_each_setting(model, programs):
     streamer = Collect()
     tokens = _eager(view, one, max_new_tokens=6, streamer=streamer)
     assert torch.equal(torch.cat(streamer.pieces), tokens[0]) and torch.equal(tokens, _eager(model, one, max_new_tokens=6))
+    texts = [pipeline("text-generation", model=m, tokenizer=zoo.tokenizer())(["the cat sat on", "hello"], max_new_tokens=5,
+                                                                           do_sample=False) for m in (model, view)]
+    assert texts[0] == texts[1]
 
 
 @pytest.fixture(scope="module")
