@@ -80,6 +80,8 @@ def assert_same_state(model: torch.nn.Module, before: dict[str, torch.Tensor]) -
 
 
 GENERATIVE_MODELS = ("llama", "t5", "whisper", "llava")
+# What opus-mt Marian checkpoints ship (Helsinki-NLP/opus-mt-*/generation_config.json), with the zoo's token ids.
+MARIAN_SHIPPED = {"num_beams": 4, "forced_eos_token_id": 2, "bad_words_ids": [[1]], "max_length": 64}
 def _cache_argument(model_class: str) -> str:
     import inspect
 

@@ -11,7 +11,12 @@ import torch
 
 import hfx
 from hfx import zoo
-from tests.helpers import llava_processor, one_layer, whisper_speech_parts
+from tests.helpers import (
+    MARIAN_SHIPPED,
+    llava_processor,
+    one_layer,
+    whisper_speech_parts,
+)
 
 # A table of generation settings -> what each exercises in transformers' generate.
 LLAMA_SETTINGS = {
@@ -102,9 +107,6 @@ def test_stopping_criteria_stop_where_eager_stops(generative):
                  stopping_criteria=StoppingCriteriaList([AtToken()]))
     assert torch.equal(got, expected) and got.shape[1] <= 6 + 4
 
-
-# What opus-mt Marian checkpoints ship (Helsinki-NLP/opus-mt-*/generation_config.json), with the zoo's token ids.
-MARIAN_SHIPPED = {"num_beams": 4, "forced_eos_token_id": 2, "bad_words_ids": [[1]], "max_length": 64}
 
 
 @pytest.fixture(scope="module")

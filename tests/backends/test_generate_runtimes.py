@@ -9,6 +9,7 @@ import hfx
 from hfx import zoo
 from tests.helpers import (
     GENERATIVE_MODELS,
+    MARIAN_SHIPPED,
     NEW_TOKENS,
     eager_tokens,
     memoized,
@@ -78,6 +79,21 @@ def test_generate_and_as_model_give_the_eager_tokens(lowered, runtime, name):
         assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6, settings=forced), expected)
     if name == "whisper":
         _speech_recognition_matches_eager(model, view)
+
+
+
+@pytest.mark.parametrize("runtime", ["onnx", "ov"])  # ExecuTorch: Whisper above is its encoder-decoder cell
+def test_marian_with_its_shipped_settings_gives_the_eager_tokens(lowered, runtime):
+    model, programs = lowered(runtime, "marian")
+    inputs = zoo.inputs("marian", batch=2, sequence=9)
+    # transformers' generate over the programs: 4 beams, the forced EOS and the bad words opus-mt ships.
+    expected = _eager(model, inputs, max_new_tokens=8, **MARIAN_SHIPPED)
+    assert torch.equal(_eager(hfx.as_model(programs), inputs, max_new_tokens=8, **MARIAN_SHIPPED), expected)
+    # The lean loop, greedy: the forced EOS lands in the last position, as in eager.
+    greedy = {**MARIAN_SHIPPED, "num_beams": 1}
+    expected = _eager(model, inputs, max_new_tokens=8, **greedy)
+    assert (expected[:, -1] == 2).all()
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=8, settings=greedy), expected)
 
 
 def _speech_recognition_matches_eager(model, view):
