@@ -58,6 +58,8 @@ def one_layer(name: str) -> torch.nn.Module:
         for field in _LAYER_COUNTS:
             if part is not None and isinstance(getattr(part, field, None), int):
                 setattr(part, field, 1)
+        if part is not None and isinstance(getattr(part, "layer_types", None), list):
+            part.layer_types = part.layer_types[:1]  # configs check one type per layer
     torch.manual_seed(0)
     return getattr(transformers, spec.auto_class).from_config(config).eval()
 

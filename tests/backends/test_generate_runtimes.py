@@ -47,12 +47,9 @@ def lowered(generative, generative_one_layer):
     return get
 
 
-# T5 on ExecuTorch (three lowerings, ~110 s on 2 cores) is left to benchmarks/coverage.py: Whisper covers the
-# encoder-decoder path on ExecuTorch here, and the suite must run in the README's 15 minutes.
 # The Llama's cells are in test_llama_generates_eager_tokens_greedy_and_seeded_and_stores_its_weights_once, which
 # uses the same programs: one test per lowering, or xdist would lower it on both workers.
-_GENERATE_CELLS = [(name, runtime) for name in GENERATIVE_MODELS for runtime in RUNTIMES
-                   if (name, runtime) != ("t5", "pte") and name != "llama"]
+_GENERATE_CELLS = [(name, runtime) for name in GENERATIVE_MODELS for runtime in RUNTIMES if name != "llama"]
 
 
 def _eager(model, inputs, **settings):
@@ -108,9 +105,9 @@ def _speech_recognition_matches_eager(model, view):
     assert texts[0] == texts[1] and texts[0]["text"]
 
 
-@pytest.mark.parametrize("runtime", ["onnx", "ov"])  # ExecuTorch: checked by benchmarks/coverage.py (slow lowering)
-def test_packed_image_model_generates_the_eager_tokens(generative, runtime):
-    model, parts = generative("qwen2_vl")
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_packed_image_model_generates_the_eager_tokens(generative, generative_one_layer, runtime):
+    model, parts = (generative_one_layer if runtime == "pte" else generative)("qwen2_vl")
     programs = _lowering(runtime)(parts)  # OpenVINO drops the unread image grid input: fed by name
     inputs = packed_image_inputs(model.config, 3, 7, (1, 4, 6))  # other images than the capture's
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=12), eager_tokens(model, inputs, 12))
