@@ -15,6 +15,7 @@ import ast
 import contextlib
 import functools
 import importlib
+import importlib.util
 import io
 import logging
 import pathlib
@@ -298,6 +299,38 @@ def test_unwound_when_a_later_patch_fails_to_apply(row, models):
     with pytest.raises(PatchError, match="_broken failed to apply"), _core.with_patches(patch, _broken):
         pytest.fail("the block ran although a patch failed to apply")
     _assert_unchanged(slots, before)
+
+
+@contextlib.contextmanager
+def _fails_to_undo() -> Iterator[None]:
+    yield
+    raise ValueError("cannot undo")
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.id)
+def test_unwound_when_a_later_patch_fails_to_undo(row, models):
+    # The failure at a patch's exit: every patch entered before it is still undone.
+    patch, slots = _bound(row, models)
+    before = [_read(slot) for slot in slots]
+    with pytest.raises(ValueError, match="cannot undo"), _core.with_patches(patch, _fails_to_undo):
+        pass
+    _assert_unchanged(slots, before)
+
+
+def every_slot(models: Models) -> list[Slot]:
+    """The slots of every row: every owner an hfx patch swaps an attribute or item of."""
+    return [slot for row in ROWS if row.needs is None or importlib.util.find_spec(row.needs)
+            for slot in _bound(row, models)[1]]
+
+
+def read_slots(slots: list[Slot]) -> list[Any]:
+    """What each slot holds now (compare with ``is``)."""
+    return [_read(slot) for slot in slots]
+
+
+def changed_slots(slots: list[Slot], before: list[Any]) -> list[str]:
+    """The slots that hold another object than ``before``."""
+    return [_label(slot) for slot, value in zip(slots, before, strict=True) if _read(slot) is not value]
 
 
 @pytest.mark.parametrize("row", [row for row in ROWS if row.adds], ids=lambda row: row.id)
