@@ -43,9 +43,12 @@ def as_model(programs: Components, /) -> Any:
     Raises:
         TypeError: ``programs`` is not ``Components``.
         ValueError: the components lack what transformers' generate needs (a
-            ``decode`` component, the model class), or keep their cache inside
-            the runtime (a stateful OpenVINO decode, ``internal_cache_length``),
-            which transformers cannot reorder or hand back.
+            ``decode`` component, the model class), keep their cache in the program's
+            buffers (``internal_cache_length``), which transformers cannot reorder or
+            hand back, or put a prefill before a stateful OpenVINO decode. A stateful
+            decode keeps its cache inside OpenVINO: beam search reorders it through
+            ``beam_idx`` (``RuntimeCache``); assisted decoding, which crops the cache, is
+            an error.
 
     Example:
         >>> import hfx
@@ -78,11 +81,15 @@ def _check(programs: Any) -> None:
         msg = ("as_model takes the Components of decompose (a 'decode' component and the model's class), exported, "
                f"lowered or loaded; got {list(programs)}")
         raise ValueError(msg)
-    if roles.internal_cache_length is not None or getattr(programs["decode"], "state", ()):
-        msg = ("as_model: the decode component keeps its KV cache inside the runtime (a stateful OpenVINO model or "
-               "decompose(internal_cache_length=...)); transformers' generate hands the cache in and reorders it. "
-               "Lower with lower_to_ov(stateful=False) / decompose without internal_cache_length for as_model, "
-               "or run hfx.generate on these programs.")
+    if roles.internal_cache_length is not None:
+        msg = ("as_model: the decode component keeps its KV cache in the program's buffers "
+               "(decompose(internal_cache_length=...)), one sequence at a time, which transformers' generate cannot "
+               "hand in nor reorder. Decompose without internal_cache_length for as_model, or run hfx.generate.")
+        raise ValueError(msg)
+    if getattr(programs["decode"], "state", ()) and prompt_component(programs) != "decode":
+        msg = (f"as_model: the decode component keeps its cache inside the runtime, so it prefills too; the "
+               f"{prompt_component(programs)!r} component cannot hand it a cache. Decompose with "
+               "multi_token_decode=True (no prefill component).")
         raise ValueError(msg)
     if any(len(spec.shape) == 3 and isinstance(spec.shape[0], int)
            for name in ("prefill", "decode", "language_model") if name in programs
@@ -131,6 +138,11 @@ def _as_method_of(original: Any, body: Any) -> Any:
 
 def _generate(self: Any, *args: Any, **kwargs: Any) -> Any:
     """transformers' ``generate`` with the programs' cache classes registered for the whole call."""
+    settings = kwargs.get("generation_config") or self.generation_config
+    drafts = [key for key in ("assistant_model", "prompt_lookup_num_tokens")
+              if kwargs.get(key) is not None or getattr(settings, key, None) is not None]
+    if drafts and getattr(self.hfx_programs["decode"], "state", ()):
+        raise ValueError(RuntimeCache.CANNOT_CROP)
     with spec_caches(*(program.io for program in self.hfx_programs.values())):
         return super(type(self), self).generate(*args, **kwargs)
 
@@ -188,6 +200,8 @@ def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     past = int(cache.get_seq_length()) if cache is not None else 0
     name = prompt_component(programs) if past == 0 else "decode"
     program = programs[name]
+    if getattr(program, "state", ()):
+        return _stateful_forward(programs, program, state, cache_key, past, mask_key, encoder_decoder)
     own_key = cache_argument(input_keys(program.io)) or cache_key
     state[own_key] = initial_cache(program, tokens.shape[0], own_key) if past == 0 else state.pop(cache_key)
     if mask_key not in state:
@@ -196,6 +210,54 @@ def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     with_positions(programs, 0, state, tokens, state[mask_key], None)
     logits, returned = step(programs, name, program, state, features)
     return _output(encoder_decoder, logits, returned or state[own_key])
+
+
+class RuntimeCache:
+    """The KV cache a stateful program keeps inside the runtime, as transformers' ``generate`` sees it.
+
+    It counts the tokens the runtime holds and the row order beam search asks for
+    (``reorder_cache``), which the next call hands the program as ``beam_idx``.
+    It cannot be cropped (assisted decoding) nor its rows read.
+    """
+
+    def __init__(self, run: Any, batch: int) -> None:
+        self.run = run  # the program's session: its calls share one request, so the cache grows inside
+        self.length = 0
+        self.beam_idx = torch.arange(batch, dtype=torch.int32)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The tokens the runtime's cache holds."""
+        return self.length
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        """Reorder the rows at the next call (composed with a reorder not yet applied)."""
+        self.beam_idx = self.beam_idx[beam_idx.to(torch.long)]
+
+    is_croppable = False
+    CANNOT_CROP = ("as_model: a stateful program's cache lives inside the runtime and cannot be cropped (assisted "
+                   "and prompt-lookup decoding roll back rejected tokens); lower with lower_to_ov(stateful=False) "
+                   "for them.")
+
+    def crop(self, max_length: int) -> None:
+        raise ValueError(self.CANNOT_CROP)
+
+
+def _stateful_forward(programs: Components, program: Any, state: dict[str, Any], cache_key: str, past: int,
+                      mask_key: str, encoder_decoder: bool) -> Any:
+    """One call of a stateful decode: a new session for a new cache, the pending beam order as ``beam_idx``."""
+    from hfx._generate import runner
+
+    tokens = state[next(key for key in ("input_ids", "decoder_input_ids") if key in state)]
+    given = state.pop(cache_key, None)
+    cache = given if isinstance(given, RuntimeCache) and past else RuntimeCache(runner(program), tokens.shape[0])
+    if mask_key not in state:
+        state[mask_key] = torch.ones(tokens.shape[0], past + tokens.shape[1], dtype=torch.long)
+    with_positions(programs, 0, state, tokens, state[mask_key], None)
+    state["beam_idx"] = cache.beam_idx
+    logits, _ = step(programs, "decode", cache.run, state, {})
+    cache.length += tokens.shape[1]
+    cache.beam_idx = torch.arange(tokens.shape[0], dtype=torch.int32)
+    return _output(encoder_decoder, logits, cache)
 
 
 def _output(encoder_decoder: bool, logits: torch.Tensor, cache: Any) -> Any:

@@ -209,6 +209,10 @@ def test_as_model_refuses_what_transformers_cannot_drive(generative):
         hfx.generate(zoo.inputs("llama", batch=1, sequence=4), parts, settings=[("num_beams", 1)])
     with pytest.raises(ValueError, match=r"\['beams'\] are not generation settings"):
         hfx.generate(zoo.inputs("llama", batch=1, sequence=4), parts, settings={"beams": 2})
+    runner_shaped = hfx.decompose(hfx.capture(zoo.inputs("llama", batch=1, sequence=4), zoo.build("llama")),
+                                  internal_cache_length=16)
+    with pytest.raises(ValueError, match=r"internal_cache_length.*Decompose without internal_cache_length"):
+        hfx.as_model(runner_shaped)
 
 
 def test_each_view_class_shows_its_own_forward_signature(generative):

@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import io
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -141,3 +142,16 @@ def versions(*packages: str) -> dict[str, str]:
         except PackageNotFoundError:
             continue
     return found
+
+
+def default_threads() -> int:
+    """The threads a runtime's program computes on unless told: the CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_threads(stage: str, threads: Any) -> int:
+    """``threads`` if it is a positive int, else a ``ValueError`` naming ``stage``."""
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        msg = f"{stage}: threads must be a positive int (the threads the runtime computes on), got {threads!r}"
+        raise ValueError(msg)
+    return threads

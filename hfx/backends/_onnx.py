@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,6 +36,8 @@ from hfx._records import Capture, Exported, IoSpec
 from hfx.backends._common import (
     as_exported,
     captured_output,
+    check_threads,
+    default_threads,
     first_line,
     fix_names,
     fixes_option,
@@ -77,11 +78,6 @@ def default_providers() -> tuple[str, ...]:
 
     available = set(ort.get_available_providers())
     return tuple(p for p in _PREFERRED_PROVIDERS if p in available or p == _CPU)
-
-
-def default_threads() -> int:
-    """The intra-op threads a session uses unless told: the CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -256,14 +252,6 @@ def check_opset(opset: int) -> None:
     if not isinstance(opset, int) or isinstance(opset, bool) or not MIN_OPSET <= opset <= newest:
         msg = f"lower_to_onnx: opset must be an int in [{MIN_OPSET}, {newest}], got {opset!r}"
         raise ValueError(msg)
-
-
-def check_threads(stage: str, threads: Any) -> int:
-    """``threads`` if it is a positive int, else a ``ValueError`` naming ``stage``."""
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        msg = f"{stage}: threads must be a positive int (intra-op threads of the ONNX Runtime session), got {threads!r}"
-        raise ValueError(msg)
-    return threads
 
 
 def check_providers(stage: str, providers: Any) -> tuple[str, ...]:

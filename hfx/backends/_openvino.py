@@ -29,7 +29,7 @@ from hfx._lift import per_component
 from hfx._records import Capture, Exported, IoSpec, TensorSpec
 from hfx._export.updates import for_runtime
 from hfx._pytree import spec_caches
-from hfx.backends._common import as_exported, fix_names, fixes_option, require
+from hfx.backends._common import as_exported, check_threads, default_threads, fix_names, fixes_option, require
 from hfx.backends._openvino_fixes import OV_GRAPH_FIXES, OvGraphFix
 from hfx.backends._openvino_stateful import stateful_io, stateful_model
 from hfx._serial import one_at_a_time
@@ -60,7 +60,10 @@ class OvProgram:
     Calling the program checks the keyword arguments against ``io``, runs one inference
     request and returns the model's output structure with torch tensors. Each
     call uses its own request, so a program can be called from several threads.
-    To compile for another device, ``attrs.evolve(program, device="GPU")``.
+    To compile for another device, ``attrs.evolve(program, device="GPU")``; it computes
+    on ``threads`` CPU threads (``INFERENCE_NUM_THREADS``) with OpenVINO's latency hint
+    (one request at a time, as generation runs), and ``attrs.evolve(program, threads=1)``
+    compiles it again for one.
 
     ``state`` names the cache inputs a stateful model keeps inside OpenVINO
     (``lower_to_ov(stateful=True)``): it takes no cache and returns none, and a
@@ -76,6 +79,7 @@ class OvProgram:
     source_class: str = ""
     graph_fixes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     state: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    threads: int = attrs.field(factory=default_threads)
     _compiled: Any = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda self: _compile(self), takes_self=True)
     )
@@ -84,6 +88,10 @@ class OvProgram:
     _fed: tuple[int, ...] = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda self: _fed_inputs(self.model, self.io), takes_self=True)
     )
+
+    @threads.validator
+    def _check_threads(self, attribute: Any, value: Any) -> None:
+        check_threads("OvProgram", value)
 
     def __call__(self, **kwargs: Any) -> Any:
         """Run the compiled model on ``kwargs`` (checked against ``io``)."""
@@ -119,9 +127,12 @@ def _fed_inputs(model: Any, io: IoSpec) -> tuple[int, ...]:
     return tuple(position[port.get_any_name()] for port in model.inputs)
 
 
-def compile_options(*, stateful: bool) -> dict[str, str]:
-    """``COMPILE_OPTIONS`` (``STATEFUL_COMPILE_OPTIONS`` for a stateful model), with the workaround below if needed."""
+def compile_options(*, stateful: bool, threads: int | None = None) -> dict[str, str]:
+    """``COMPILE_OPTIONS`` (``STATEFUL_COMPILE_OPTIONS`` for a stateful model) on ``threads`` threads with the
+    latency hint, and the workaround below if needed."""
     options = dict(STATEFUL_COMPILE_OPTIONS if stateful else COMPILE_OPTIONS)
+    if threads is not None:
+        options |= {"INFERENCE_NUM_THREADS": str(threads), "PERFORMANCE_HINT": "LATENCY"}
     if onednn_capped_below_vnni():
         # Workaround (OpenVINO 2026.4.1, measured): with ONEDNN_MAX_CPU_ISA capped below VNNI on a VNNI CPU the
         # plugin still picks its int8 dynamic-quantization kernels for compressed weights from the CPU, and the
@@ -134,7 +145,10 @@ def compile_options(*, stateful: bool) -> dict[str, str]:
 def _compile(program: OvProgram) -> Any:
     """``program.model`` compiled for ``program.device`` with ``compile_options``."""
     try:
-        return _core().compile_model(program.model, program.device, compile_options(stateful=bool(program.state)))
+        # Thread count and hint are CPU plugin properties; other devices (GPU, NPU) keep their own.
+        threads = program.threads if program.device == "CPU" else None
+        options = compile_options(stateful=bool(program.state), threads=threads)
+        return _core().compile_model(program.model, program.device, options)
     except Exception as exc:  # OpenVINO's errors derive from Exception, not RuntimeError
         what = f"OpenVINO could not compile the model for device {program.device!r}: {_gist(exc)}."
         todo = f"Available devices: {_core().available_devices}."
@@ -151,6 +165,7 @@ def lower_to_ov(
     device: str = "CPU",
     graph_fixes: tuple[OvGraphFix, ...] = OV_GRAPH_FIXES,
     stateful: bool = False,
+    threads: int | None = None,
 ) -> OvProgram:
     """Convert an exported program to an OpenVINO model and compile it for ``device``.
 
@@ -176,6 +191,8 @@ def lower_to_ov(
             takes no ``past_key_values`` and returns none, a ``beam_idx`` input reorders
             the cache, and one graph serves the prompt and every step. For a decode graph
             of ``decompose(multi_token_decode=True)``; the form OpenVINO GenAI runs.
+        threads: the threads the compiled model computes on (``INFERENCE_NUM_THREADS``);
+            ``None``: ``default_threads()``, the CPUs this process may use.
 
     Returns:
         An ``OvProgram``, callable like the model.
@@ -185,7 +202,8 @@ def lower_to_ov(
         TypeError: ``exported`` is neither an ``Exported`` nor a ``Capture``, ``device`` is not a
             string, or ``graph_fixes`` is not a tuple of callables.
         LoweringError: OpenVINO could not convert or compile the program.
-        ValueError: ``stateful`` for a graph that takes no dynamic ``past_key_values`` cache.
+        ValueError: ``stateful`` for a graph that takes no dynamic ``past_key_values`` cache, or
+            ``threads`` is not a positive int.
 
     Example:
         >>> import torch, hfx
@@ -203,6 +221,7 @@ def lower_to_ov(
         msg = f"lower_to_ov: device must be an OpenVINO device name such as 'CPU', got {device!r}"
         raise TypeError(msg)
     graph_fixes = fixes_option(graph_fixes, stage="lower_to_ov", option="graph_fixes", default="OV_GRAPH_FIXES")
+    threads = default_threads() if threads is None else check_threads("lower_to_ov", threads)
     exported = as_exported(exported, stage="lower_to_ov")
     where = f"lower_to_ov(stateful=True) on component {exported.name!r} of {exported.source_class or 'the model'}"
     if stateful:  # the contract first: a graph that cannot keep its cache is refused before the slow conversion
@@ -218,7 +237,7 @@ def lower_to_ov(
         model, io, state = _stateful(model, io, where=where)
     return OvProgram(
         model=model, io=io, name=exported.name, device=device, source_class=exported.source_class,
-        graph_fixes=fix_names(graph_fixes), state=state,
+        graph_fixes=fix_names(graph_fixes), state=state, threads=threads,
     )
 
 

@@ -95,6 +95,22 @@ def test_accepts_a_capture_and_curries():
     assert program(input=torch.ones(5, 3)).shape == (5, 2)
 
 
+def test_threads_and_the_latency_hint_reach_the_compiled_model():
+    import attrs
+
+    from hfx.backends._common import default_threads
+
+    program = lower_to_ov(_linear())
+    assert program.threads == default_threads() >= 1
+    assert program._compiled.get_property("INFERENCE_NUM_THREADS") == program.threads  # noqa: SLF001
+    assert str(program._compiled.get_property("PERFORMANCE_HINT")) == "LATENCY"  # noqa: SLF001
+    one = attrs.evolve(lower_to_ov(_linear(), threads=2), threads=1)  # evolve compiles again
+    assert one._compiled.get_property("INFERENCE_NUM_THREADS") == 1  # noqa: SLF001
+    assert torch.equal(one(input=torch.ones(4, 3)), program(input=torch.ones(4, 3)))
+    with pytest.raises(ValueError, match=r"lower_to_ov: threads must be a positive int"):
+        lower_to_ov(_linear(), threads=0)
+
+
 def test_maps_over_components():
     parts = hfx.Components(items={"a": hfx.export(_linear(2)), "b": _linear(4)})
     programs = lower_to_ov(parts)

@@ -89,3 +89,22 @@ def test_generate_refuses_a_prefill_before_a_stateful_decode(llama, stateful):
     programs = hfx.Components(items={"prefill": hfx.export(split["prefill"]), "decode": stateful}, meta=split.meta)
     with pytest.raises(ValueError, match="multi_token_decode=True"):
         hfx.generate(_prompt(2, 5), programs, max_new_tokens=2)
+
+
+def test_as_model_drives_the_stateful_program_greedy_and_with_beams(llama, parts, stateful):
+    # transformers' generate over the cache kept inside OpenVINO: each call of the view's forward is one call of
+    # the program's session; beam search's reorder reaches the program as beam_idx.
+    view = hfx.as_model(hfx.Components(items={"decode": stateful}, meta=parts.meta))
+    prompt = _prompt(3, 5)
+    with torch.no_grad():
+        for settings in ({"max_new_tokens": 6}, {"max_new_tokens": 8, "num_beams": 3}):
+            want = llama.generate(**prompt, do_sample=False, **settings)
+            assert torch.equal(view.generate(**prompt, do_sample=False, **settings), want)
+
+
+def test_as_model_refuses_to_crop_the_stateful_cache(llama, parts, stateful):
+    view = hfx.as_model(hfx.Components(items={"decode": stateful}, meta=parts.meta))
+    prompt = _prompt(1, 5)
+    for drafts in ({"assistant_model": llama}, {"prompt_lookup_num_tokens": 2}):
+        with pytest.raises(ValueError, match=r"cannot be cropped.*stateful=False"), torch.no_grad():
+            view.generate(**prompt, max_new_tokens=4, do_sample=False, **drafts)
