@@ -7,7 +7,8 @@ step after a ``--past``-token cache, at batch 1, two ways, alternated call by ca
   the program's ``IoSpec``, flattens the cache, converts to the runtime's form, runs, and rebuilds the model's
   output structure;
 - ``runtime``: the runtime's own call on inputs already in its form: ONNX Runtime's ``session.run`` on numpy feeds,
-  OpenVINO's ``infer`` on one reused request, ExecuTorch's ``method.execute``, the Exported's module.
+  OpenVINO's ``infer`` on one reused request, ExecuTorch's ``method.execute``, the ExportedProgram's graph module on
+  its weights and the flat inputs.
 
 The overhead is the median of ``hfx`` minus the median of ``runtime``. Run it with::
 
@@ -63,11 +64,6 @@ def program_for(runtime: str, decode: Any, threads: int) -> Any:
 
 def runtime_call(runtime: str, program: Any, flat: list[Any]) -> Any:
     """A zero-argument call of the runtime's own API on ``flat`` (hfx's flat inputs), converted once here."""
-    import torch
-    from torch.utils import _pytree as pytree
-
-    from hfx._contract import load_spec
-
     if runtime == "onnx":
         feeds = {spec.name: tensor.numpy() for spec, tensor in zip(program.io.inputs, flat, strict=True)}
         names = list(program.io.output_names)
@@ -80,13 +76,25 @@ def runtime_call(runtime: str, program: Any, flat: list[Any]) -> Any:
         return lambda: request.infer(tensors, share_inputs=True, share_outputs=True)
     if runtime == "pte":
         return lambda: program._method.execute(flat)  # noqa: SLF001
-    _, kwargs = pytree.tree_unflatten(flat, load_spec(program.io.in_spec))
+    return graph_call(program.program, flat)
 
-    def run_module() -> Any:
+
+def graph_call(program: Any, flat: list[Any]) -> Any:
+    """The ExportedProgram's graph module on its weights and ``flat``, in its placeholders' order (no pytree)."""
+    import torch
+    from torch.export.graph_signature import InputKind
+
+    tensors = {**program.state_dict, **program.constants}
+    user = iter(flat)
+    args = [next(user) if spec.kind == InputKind.USER_INPUT else tensors[spec.target]
+            for spec in program.graph_signature.input_specs]
+    module = program.graph_module
+
+    def run_graph() -> Any:
         with torch.no_grad():
-            return program._module(**kwargs)  # noqa: SLF001
+            return module(*args)
 
-    return run_module
+    return run_graph
 
 
 def measure(runtime: str, program: Any, kwargs: dict[str, Any], calls: int) -> dict[str, float]:

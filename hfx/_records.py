@@ -419,6 +419,34 @@ def _unchecked_module(program: Any) -> Any:
     return module
 
 
+def _flat_graph(program: Any, inputs: int) -> tuple[Any, Any] | None:
+    """``(graph module, args(flat) -> its arguments)`` for a program that reads its weights and the ``inputs``
+    flat inputs and writes nothing back; ``None`` otherwise (the unlifted module then copies the writes back).
+
+    Called this way the graph skips the unlifted module's pytree flattening of the inputs and outputs, which
+    hfx's call has done already (measured on the zoo's Llama decode: 0.9 ms of hfx's time per step before).
+    """
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    signature = program.graph_signature
+    if any(spec.kind != OutputKind.USER_OUTPUT for spec in signature.output_specs):
+        return None
+    tensors = {**program.state_dict, **program.constants}
+    kinds = [spec.kind for spec in signature.input_specs]
+    if kinds.count(InputKind.USER_INPUT) != inputs or any(
+            kind not in (InputKind.USER_INPUT, InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+            for kind in kinds):
+        return None
+    slots = [None if kind == InputKind.USER_INPUT else tensors[spec.target]
+             for kind, spec in zip(kinds, signature.input_specs, strict=True)]
+
+    def arguments(flat: list[Any]) -> list[Any]:
+        user = iter(flat)
+        return [next(user) if slot is None else slot for slot in slots]
+
+    return program.graph_module, arguments
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class Exported:
     """One ``torch.export`` program, the contract to call it and the shapes that made it.
@@ -439,6 +467,10 @@ class Exported:
         init=False, repr=False, default=attrs.Factory(lambda self: _unchecked_module(self.program), takes_self=True)
     )
 
+    _graph: Any = attrs.field(
+        init=False, repr=False, default=attrs.Factory(lambda self: _flat_graph(self.program, len(self.io.inputs)), takes_self=True)
+    )
+
     def __call__(self, **kwargs: Any) -> Any:
         """Run the exported program on ``kwargs`` (checked against ``io``)."""
         return call(self.io, self._run, kwargs, program=f"Exported({self.name})")
@@ -447,6 +479,10 @@ class Exported:
         import torch
         from torch.utils import _pytree as pytree
 
+        if self._graph is not None:
+            module, weights = self._graph
+            with torch.no_grad():
+                return list(module(*weights(flat)))
         _, kwargs = pytree.tree_unflatten(flat, load_spec(self.io.in_spec))
         with torch.no_grad():
             return pytree.tree_leaves(self._module(**kwargs))

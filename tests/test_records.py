@@ -114,3 +114,28 @@ def test_bad_values_are_named():
         hfx.GenerationMeta.from_json({"cache_input": 3})  # schema 1
     with pytest.raises(ValueError, match="takes a dict, got list"):
         hfx.GenerationMeta.from_json([])
+
+
+class _Counter(torch.nn.Module):
+    """Writes into its buffer on every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        return x * self.calls
+
+
+def test_an_exported_program_runs_its_graph_on_the_flat_inputs_unless_it_returns_writes():
+    linear = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4)))
+    assert linear._graph is not None  # noqa: SLF001 - weights and flat inputs straight into the graph module
+    with torch.no_grad():
+        want = linear.program.module()(input=torch.ones(5, 3))
+    assert torch.equal(linear(input=torch.ones(5, 3)), want)
+    # Decomposed, the write to the buffer becomes an output that the unlifted module copies back.
+    counter = hfx.export(hfx.capture({"x": torch.ones(2)}, _Counter()))
+    functional = attrs.evolve(counter, program=counter.program.run_decompositions())
+    assert functional._graph is None  # noqa: SLF001
+    assert [float(functional(x=torch.ones(2))[0]) for _ in range(2)] == [1.0, 2.0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -59,7 +60,7 @@ class OvProgram:
     names the graph fixes it was lowered with (``lower_to_ov(graph_fixes=...)``).
     Calling the program checks the keyword arguments against ``io``, runs one inference
     request and returns the model's output structure with torch tensors. Each
-    call uses its own request, so a program can be called from several threads.
+    thread calls through a request of its own, so a program can be called from several threads.
     To compile for another device, ``attrs.evolve(program, device="GPU")``; it computes
     on ``threads`` CPU threads (``INFERENCE_NUM_THREADS``) with OpenVINO's latency hint
     (one request at a time, as generation runs), and ``attrs.evolve(program, threads=1)``
@@ -84,6 +85,7 @@ class OvProgram:
         init=False, repr=False, default=attrs.Factory(lambda self: _compile(self), takes_self=True)
     )
 
+    _requests: threading.local = attrs.field(init=False, repr=False, factory=threading.local)
     # The positions in ``io.inputs`` of the model's inputs: OpenVINO drops an input the graph never reads.
     _fed: tuple[int, ...] = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda self: _fed_inputs(self.model, self.io), takes_self=True)
@@ -97,13 +99,23 @@ class OvProgram:
         """Run the compiled model on ``kwargs`` (checked against ``io``)."""
         return call(self.io, self._run, kwargs, program=f"OvProgram({self.name})")
 
+    def _request(self) -> Any:
+        """This thread's inference request (made once per thread: making one costs about as much as a tiny
+        model's decode step); a stateful model gets a new one, so that a plain call starts from an empty cache."""
+        if self.state:
+            return self._compiled.create_infer_request()
+        request = getattr(self._requests, "request", None)
+        if request is None:
+            request = self._requests.request = self._compiled.create_infer_request()
+        return request
+
     def session(self) -> Any:
         """A callable like the program whose calls share one inference request (and a stateful model's cache)."""
         request = self._compiled.create_infer_request()
         return functools.partial(_call_on, self, request)
 
     def _run(self, flat: list[Any], request: Any = None) -> list[Any]:
-        request = self._compiled.create_infer_request() if request is None else request
+        request = self._request() if request is None else request
         try:
             request.infer([_to_ov(flat[index]) for index in self._fed], share_inputs=True, share_outputs=True)
         except Exception as exc:  # OpenVINO's errors derive from Exception, not RuntimeError
