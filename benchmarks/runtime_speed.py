@@ -236,6 +236,7 @@ class Contender:
     runtimes: tuple[str, ...]  # whose threads ``pin_threads`` sets (and imports)
     build: Callable[[Path, Path], dict[str, float]] | None  # (checkpoint, out) -> seconds per stage; None: none
     open: Callable[[Path, Path], Generate]  # (checkpoint, out) -> generate
+    batches: tuple[str, ...] | None = None  # the prompt sets it runs (None: all); the LLM runner's program takes batch 1
 
 
 def _tensors(prompt: dict[str, list[list[int]]]) -> dict[str, Any]:
@@ -288,7 +289,7 @@ def _transformers_generate(model: Any) -> Generate:
 Step = tuple[str, Callable[..., Any]]  # (stage name in the table, ``f(value, *, model) -> value``)
 
 
-def build_hfx(checkpoint: Path, out: Path, *, steps: tuple[Step, ...], multi_token: bool) -> dict[str, float]:
+def build_hfx(checkpoint: Path, out: Path, *, steps: tuple[Step, ...], decomposition: Mapping[str, Any]) -> dict[str, float]:
     """hfx as a user runs it: capture, decompose, export, then ``steps`` (quantize, lower), then save."""
     import torch
     import transformers
@@ -301,7 +302,7 @@ def build_hfx(checkpoint: Path, out: Path, *, steps: tuple[Step, ...], multi_tok
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     stages = (
         ("capture", hfx.capture(inputs)),
-        ("decompose", hfx.decompose(multi_token_decode=True) if multi_token else hfx.decompose),
+        ("decompose", hfx.decompose(**decomposition)),
         ("export", hfx.export),
         *((name, functools.partial(step, model=model)) for name, step in steps),
         ("save", hfx.save(out)),
@@ -401,14 +402,18 @@ def _calibration(programs: Any, model: Any) -> Any:
 LOWERINGS: Mapping[str, str | None] = {"pt2": None, "onnx": "lower_to_onnx", "pte": "lower_to_pte", "ov": "lower_to_ov"}
 _LIBRARY = {"pt2": (), "onnx": ("onnxruntime",), "pte": ("executorch",), "ov": ("openvino",)}
 
-# The fp32 variants of each runtime: (name suffix, lowering options, one decode graph). Everything else is
+# The fp32 variants of each runtime: (name suffix, lowering options, decompose options). Everything else is
 # the public API's defaults, so what a lowering does by default is what is measured; a variant is one line.
-FP32_VARIANTS: Mapping[str, tuple[tuple[str, Mapping[str, Any], bool], ...]] = {
-    "pt2": (("", {}, False), ("-1graph", {}, True)),
-    "onnx": (("", {}, False), ("-1graph", {}, True)),
-    "pte": (("", {}, False), ("-1graph", {}, True)),
-    "ov": (("", {}, False), ("-1graph", {}, True), ("-stateful", {"stateful": True}, True)),
+# "-llm" is ExecuTorch's LLM-runner program: the KV cache in the program's buffers, its custom SDPA and
+# cache-update kernels (decompose's custom_ops default), batch 1; the cache holds the prompt and the new tokens.
+ONE_GRAPH: Mapping[str, Any] = {"multi_token_decode": True}
+FP32_VARIANTS: Mapping[str, tuple[tuple[str, Mapping[str, Any], Mapping[str, Any]], ...]] = {
+    "pt2": (("", {}, {}), ("-1graph", {}, ONE_GRAPH)),
+    "onnx": (("", {}, {}), ("-1graph", {}, ONE_GRAPH)),
+    "pte": (("", {}, {}), ("-1graph", {}, ONE_GRAPH), ("-llm", {}, {"internal_cache_length": 256})),
+    "ov": (("", {}, {}), ("-1graph", {}, ONE_GRAPH), ("-stateful", {"stateful": True}, ONE_GRAPH)),
 }
+BATCH_ONE = ("1",)
 
 
 def _lower(function: str, options: Mapping[str, Any], value: Any, *, model: Any) -> Any:
@@ -431,21 +436,22 @@ def hfx_steps(runtime: str, lowering: Mapping[str, Any], form: Form | None = Non
     return (*quantize, *lower) if form.before_lowering else (*lower, *quantize)
 
 
-def _hfx(name: str, runtime: str, steps: tuple[Step, ...], *, multi_token: bool) -> Contender:
-    build = functools.partial(build_hfx, steps=steps, multi_token=multi_token)
-    return Contender(name=name, runtimes=("torch", *_LIBRARY[runtime]), build=build, open=open_hfx)
+def _hfx(name: str, runtime: str, steps: tuple[Step, ...], *, decomposition: Mapping[str, Any]) -> Contender:
+    build = functools.partial(build_hfx, steps=steps, decomposition=decomposition)
+    batches = BATCH_ONE if "internal_cache_length" in decomposition else None
+    return Contender(name=name, runtimes=("torch", *_LIBRARY[runtime]), build=build, open=open_hfx, batches=batches)
 
 
 def hfx_contenders() -> list[Contender]:
     """Per runtime: its fp32 variants, then each quantized form hfx offers for it (``QUANTIZED_FORMS``)."""
     rows = []
     for runtime, variants in FP32_VARIANTS.items():
-        rows += [_hfx(f"hfx-{runtime}{suffix}", runtime, hfx_steps(runtime, options), multi_token=multi_token)
-                 for suffix, options, multi_token in variants]
-        rows += [_hfx(f"hfx-{runtime}-{form.slug}", runtime, hfx_steps(runtime, {}, form), multi_token=False)
+        rows += [_hfx(f"hfx-{runtime}{suffix}", runtime, hfx_steps(runtime, options), decomposition=decomposition)
+                 for suffix, options, decomposition in variants]
+        rows += [_hfx(f"hfx-{runtime}-{form.slug}", runtime, hfx_steps(runtime, {}, form), decomposition={})
                  for form in QUANTIZED_FORMS if form.runtime == runtime]
     # The same programs driven by transformers' generate (hfx.as_model): its memory is the runtime's.
-    rows += [attrs.evolve(_hfx(f"hfx-{runtime}-1graph-as-model", runtime, hfx_steps(runtime, {}), multi_token=True),
+    rows += [attrs.evolve(_hfx(f"hfx-{runtime}-1graph-as-model", runtime, hfx_steps(runtime, {}), decomposition=ONE_GRAPH),
                           open=open_as_model) for runtime in ("onnx", "ov")]
     return rows
 
@@ -483,7 +489,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     generate = row.open(checkpoint, out)
     prompt_sets = json.loads(Path(args.prompts).read_text())
     runs = {batch: timings(functools.partial(generate, prompt), tokens=args.tokens, repeats=args.repeats)
-            for batch, prompt in prompt_sets.items()}
+            for batch, prompt in prompt_sets.items() if row.batches is None or batch in row.batches}
     return {"runs": runs, "threads": threads, "peak_rss_mb": peak_rss_mb()}
 
 

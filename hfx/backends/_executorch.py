@@ -59,6 +59,7 @@ from hfx.backends._common import (
     with_log,
 )
 from hfx.backends._executorch_fixes import PTE_PATCHES
+from hfx.backends._executorch_rewrites import XNNPACK_REWRITES, PteRewrite, as_edge_passes
 from hfx.patches import Patch, with_patches
 from hfx._serial import one_at_a_time
 
@@ -95,6 +96,9 @@ _BEYOND_BOUND = re.compile(r"\((\w+)\) is (\d+), outside the program's bounds")
 
 _FD2_LOCK = threading.Lock()
 
+# The operator namespace of ExecuTorch's LLM kernels, as a program's operator table spells it.
+_LLM_KERNELS = b"llama::"
+
 
 @attrs.frozen(kw_only=True, eq=False)
 class PteProgram:
@@ -103,7 +107,9 @@ class PteProgram:
     ``buffer`` is the ``.pte`` flatbuffer. ``io.bounds`` holds the bounds its
     memory was planned for: calling the program with a larger dim raises
     ``InputError`` naming the dim. ``patches`` names the patches it was lowered
-    under (``lower_to_pte(patches=...)``). ``constant_methods`` are the methods
+    under (``lower_to_pte(patches=...)``) and ``rewrites`` how many places each
+    rewrite of the edge graph changed (``lower_to_pte(rewrites=...)``; only those
+    that fired). ``constant_methods`` are the methods
     that return a constant (``lower_to_pte(constant_methods=...)``: ExecuTorch's
     LLM runner reads its metadata so). Calling it checks the keyword arguments
     against ``io``, runs the ``forward`` method and returns the eager model's
@@ -116,12 +122,13 @@ class PteProgram:
     io: IoSpec
     name: str = "model"
     patches: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    rewrites: Mapping[str, int] = attrs.field(factory=dict, converter=lambda counts: MappingProxyType(dict(counts)))
     constant_methods: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda m: MappingProxyType(dict(m)))
     _program: Any = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda s: _load_program(s.buffer, s.name), takes_self=True)
     )
     _method: Any = attrs.field(
-        init=False, repr=False, default=attrs.Factory(lambda s: _load_method(s._program, s.name), takes_self=True)
+        init=False, repr=False, default=attrs.Factory(lambda s: _load_method(s._program, s.name, s.buffer), takes_self=True)
     )
 
     @property
@@ -182,6 +189,7 @@ def lower_to_pte(
     *,
     max_sizes: Mapping[str, int] | None = None,
     patches: tuple[Patch, ...] = PTE_PATCHES,
+    rewrites: tuple[PteRewrite, ...] = XNNPACK_REWRITES,
     constant_methods: Mapping[str, Any] | None = None,
 ) -> PteProgram:
     """Lower ``exported`` to an ExecuTorch program delegated to XNNPACK, planned for bounded dims.
@@ -192,7 +200,10 @@ def lower_to_pte(
     own bound. The program records them in ``io.bounds``; a larger input raises
     ``InputError``. ExecuTorch's lowering runs under ``patches``, the
     workarounds of ExecuTorch's bugs (``hfx.backends.PTE_PATCHES``); the program
-    records their names in ``patches``. The ``Exported`` is not changed.
+    records their names in ``patches``. ``rewrites`` then change the edge graph
+    so that XNNPACK takes more of it (``hfx.backends.XNNPACK_REWRITES``: exact
+    reshapes it otherwise refuses) and the program records how many places each
+    changed in ``rewrites``. The ``Exported`` is not changed.
     ExecuTorch's log records, prints and warnings are kept for the error message, not printed.
 
     Args:
@@ -202,6 +213,9 @@ def lower_to_pte(
         patches: the zero-argument context-manager factories entered around ExecuTorch's
             lowering, in order: ``PTE_PATCHES`` extended (``(*hfx.backends.PTE_PATCHES, my_patch)``)
             or filtered, or your own.
+        rewrites: functions ``rewrite(graph_module) -> int`` that change ExecuTorch's edge graph in
+            place before XNNPACK partitions it, in order (``XNNPACK_REWRITES`` extended, filtered
+            or ``()``).
         constant_methods: ``{method name: value}`` (an int, float, bool or a list of them) that the
             program also carries as methods returning the value (ExecuTorch's LLM runner reads
             ``get_max_seq_len``, ``get_eos_ids`` ... so).
@@ -213,8 +227,8 @@ def lower_to_pte(
         ImportError: executorch is missing (install ``hfx[executorch]``).
         ValueError: ``max_sizes`` names a dim the program does not have, or asks for more than
             the export allows (or less than its lower bound).
-        TypeError: ``exported`` is neither ``Exported`` nor ``Capture``, or ``patches`` is not
-            a tuple of callables.
+        TypeError: ``exported`` is neither ``Exported`` nor ``Capture``, or ``patches`` or
+            ``rewrites`` is not a tuple of callables.
         LoweringError: torch.export, ExecuTorch or its runtime failed; names the component and model.
 
     Example:
@@ -231,17 +245,18 @@ def lower_to_pte(
     """
     require("executorch", extra="executorch", stage="lower_to_pte")
     patches = fixes_option(patches, stage="lower_to_pte", option="patches", default="PTE_PATCHES")
+    rewrites = fixes_option(rewrites, stage="lower_to_pte", option="rewrites", default="XNNPACK_REWRITES")
     methods = _constant_methods(constant_methods)
     exported = as_exported(exported, stage="lower_to_pte")
     bounds = pte_bounds(exported, max_sizes=max_sizes)
     with _quietly() as log:
         exported = for_runtime(exported)  # an ExecuTorch program cannot write its inputs or run asserts
         with spec_caches(exported.io):
-            buffer, kept = _to_pte(exported, bounds, log, patches, methods)
+            buffer, kept, counts = _to_pte(exported, bounds, log, patches, rewrites, methods)
     io_spec = attrs.evolve(exported.io, bounds={**exported.io.bounds, **kept})
     try:
         return PteProgram(buffer=buffer, io=io_spec, name=exported.name, patches=fix_names(patches),
-                          constant_methods=methods)
+                          rewrites=counts, constant_methods=methods)
     except LoweringError as exc:
         what = f"the program was built, but the ExecuTorch runtime refused it: {first_line(exc)}."
         todo = "The runtime's output below names the operator or delegate; replace it with a patch at export."
@@ -312,9 +327,12 @@ def _constant_methods(methods: Mapping[str, Any] | None) -> dict[str, Any]:
 @one_at_a_time
 def _to_pte(
     exported: Exported, bounds: Mapping[str, tuple[int, int]], log: io.StringIO, patches: tuple[Patch, ...],
-    methods: Mapping[str, Any],
-) -> tuple[bytes, dict[str, tuple[int, int]]]:
-    """Export the graph again with ``bounds``, lower it under ``patches`` and serialise it; also the bounds kept."""
+    rewrites: tuple[PteRewrite, ...], methods: Mapping[str, Any],
+) -> tuple[bytes, dict[str, tuple[int, int]], dict[str, int]]:
+    """Export the graph again with ``bounds``, lower it under ``patches`` with ``rewrites`` and serialise it.
+
+    Also returns the bounds kept and the places each rewrite changed.
+    """
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
@@ -325,10 +343,11 @@ def _to_pte(
         todo = "Lower with other max_sizes; the error names the dim torch.export disagrees with."
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
     try:
+        counts: dict[str, int] = {}
         with with_patches(*patches):
-            edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
-                                               constant_methods=dict(methods) or None)
-            return edge.to_executorch().buffer, kept
+            edge = to_edge_transform_and_lower(program, transform_passes=as_edge_passes(rewrites, counts) or None,
+                                               partitioner=[XnnpackPartitioner()], constant_methods=dict(methods) or None)
+            return edge.to_executorch().buffer, kept, counts
     except Exception as exc:
         what = f"ExecuTorch could not lower the program: {root_cause(exc)}."
         todo = (
@@ -383,8 +402,17 @@ def _load_program(buffer: bytes, name: str) -> Any:
             raise LoweringError(with_log(msg, native.getvalue(), source="ExecuTorch")) from exc
 
 
-def _load_method(program: Any, name: str) -> Any:
-    """The loaded ``forward`` method of ``program`` (XNNPACK initialises here, and probes the CPU once)."""
+def _load_method(program: Any, name: str, buffer: bytes) -> Any:
+    """The loaded ``forward`` method of ``program`` (XNNPACK initialises here, and probes the CPU once).
+
+    A program that runs ExecuTorch's LLM kernels (``llama::custom_sdpa``, ``llama::update_cache``:
+    ``decompose(internal_cache_length=...)``) needs them registered with the runtime first, also in a
+    process that only loads it (``hfx.load``): the method would fail with OperatorMissing.
+    """
+    if _LLM_KERNELS in buffer:
+        from hfx._capture.internal_cache import load_custom_ops
+
+        load_custom_ops()
     with _native_stderr() as native:
         try:
             return program.load_method(_METHOD)
@@ -449,7 +477,8 @@ def save_files(program: PteProgram, directory: Path) -> dict[str, Any]:
     """Write ``<name>.pte`` into ``directory``; return the manifest entry (the bounds are in ``io``)."""
     filename = f"{program.name}.pte"
     (Path(directory) / filename).write_bytes(program.buffer)
-    return {"files": [filename], "patches": list(program.patches), "constant_methods": dict(program.constant_methods)}
+    return {"files": [filename], "patches": list(program.patches), "rewrites": dict(program.rewrites),
+            "constant_methods": dict(program.constant_methods)}
 
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> PteProgram:
@@ -457,4 +486,4 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
     require("executorch", extra="executorch", stage="load")
     buffer = (Path(directory) / entry["files"][0]).read_bytes()
     return PteProgram(buffer=buffer, io=io, name=name, patches=entry.get("patches", ()),
-                      constant_methods=entry.get("constant_methods", {}))
+                      rewrites=entry.get("rewrites", {}), constant_methods=entry.get("constant_methods", {}))

@@ -12,6 +12,9 @@ model cannot make the comparison shorter).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,11 +93,23 @@ def test_the_package_holds_the_runner_files_and_hfx_reads_it(llama, package_dir)
     assert json.loads((package_dir / "generation_config.json").read_text())["eos_token_id"] == 2
     manifest = json.loads((package_dir / "hfx.json").read_text())
     assert manifest["components"]["decode"]["files"] == ["model.pte"]
-    loaded = hfx.load(package_dir)
-    assert loaded.meta.roles.internal_cache_length == LENGTH
+    assert hfx.load(package_dir).meta.roles.internal_cache_length == LENGTH
     prompt = dict(zoo.tokenizer()(PROMPTS[1], return_tensors="pt"))
     want = llama.generate(**prompt, max_new_tokens=COUNT, do_sample=False)
-    assert torch.equal(hfx.generate(prompt, loaded, max_new_tokens=COUNT), want)
+    # A fresh process that only loads the package: hfx registers ExecuTorch's LLM kernels the program runs.
+    check = ("import sys, json, hfx\nfrom hfx import zoo\n"
+             "prompt = dict(zoo.tokenizer()(sys.argv[2], return_tensors='pt'))\n"
+             f"print(json.dumps(hfx.generate(prompt, hfx.load(sys.argv[1]), max_new_tokens={COUNT}).tolist()))")
+    result = subprocess.run([sys.executable, "-c", check, str(package_dir), PROMPTS[1]], capture_output=True,
+                            text=True, timeout=300, cwd=Path(__file__).parents[2])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == want.tolist()
+
+
+def test_xnnpack_takes_the_reshapes_and_norms_of_the_runner_program(package_dir):
+    program = hfx.load(package_dir)["decode"]
+    assert set(program.rewrites) == {"views_infer_their_symbolic_dim", "row_means_as_pooling"}
+    assert not {"aten::mean", "executorch_prim::et_view"} & set(program.operators)  # in XNNPACK, not portable kernels
 
 
 def test_the_runner_package_refuses_what_the_runner_cannot_load(llama, tmp_path):
