@@ -50,12 +50,7 @@ def without_asserts(program: ExportedProgram, drop: Callable[[torch.fx.Node], bo
         node.name = node.target = original.name  # the copy renames a builtin's name (``input`` -> ``input_1``)
     for node in [n for n in graph.nodes if is_assert(n) and drop(n)]:
         graph.erase_node(node)
-    changed = True
-    while changed:  # then what computed their conditions, now unused
-        dead = [n for n in graph.nodes if n.op == "call_function" and not n.users and _computes_a_condition(n)]
-        for node in dead:
-            graph.erase_node(node)
-        changed = bool(dead)
+    without_unused_conditions(graph)  # then what computed their conditions, now unused
     module = torch.fx.GraphModule(program.graph_module, graph)
     return ExportedProgram(
         root=module,
@@ -67,6 +62,16 @@ def without_asserts(program: ExportedProgram, drop: Callable[[torch.fx.Node], bo
         constants=program.constants,
         verifiers=[program.verifier],
     )
+
+
+def without_unused_conditions(graph: torch.fx.Graph) -> int:
+    """Erase from ``graph``, in place, the nodes that computed a condition no node reads any more; how many."""
+    erased = 0
+    while dead := [n for n in graph.nodes if n.op == "call_function" and not n.users and _computes_a_condition(n)]:
+        for node in dead:
+            graph.erase_node(node)
+        erased += len(dead)
+    return erased
 
 
 def _computes_a_condition(node: Any) -> bool:

@@ -40,6 +40,38 @@ def convert_under_no_grad(convert: Callable[[], Any], /) -> Any:
         return convert()
 
 
+def unused_assert_conditions_dropped(convert: Callable[[], Any], /) -> Any:
+    """Run ``convert`` with torch.onnx's assert removal also dropping the conditions only the asserts read.
+
+    torch.onnx (2.13) decomposes the program again, which puts back a runtime
+    assert for each range constraint, then erases the ``_assert_scalar`` nodes
+    (``_fx_passes.remove_assertion_nodes``) but not the comparisons that fed
+    them, and translates those. A data-dependent size whose range torch derived
+    past int64 (Idefics3's and SmolVLM's image-token count on transformers 5.22:
+    ``u1 <= 147573952589676412896``) leaves a comparison with a constant ONNX
+    cannot hold, and the export fails ("OverflowError: Python int too large to
+    convert to C long"). The wrapped pass erases what is left unused, as
+    ``hfx._export.asserts`` does for every runtime; where torch's pass leaves
+    nothing, it changes nothing. Delete when torch.onnx drops dead conditions.
+    """
+    from torch.onnx._internal.exporter import _fx_passes
+
+    from hfx._export.asserts import without_unused_conditions
+    from hfx.patches import swap_attr
+
+    remove = _fx_passes.remove_assertion_nodes
+
+    def remove_with_conditions(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        graph_module = remove(graph_module)
+        for module in graph_module.modules():
+            if isinstance(module, torch.fx.GraphModule) and without_unused_conditions(module.graph):
+                module.recompile()
+        return graph_module
+
+    with swap_attr(_fx_passes, "remove_assertion_nodes", remove_with_conditions):
+        return convert()
+
+
 # Elementwise ops that ONNX Runtime's CPU provider (1.32) has no bfloat16 kernel for, and whose float32
 # result rounded to bfloat16 is what torch computes for bfloat16 on CPU (it upcasts each element).
 _BFLOAT16_UPCAST_OPS = frozenset({
@@ -111,4 +143,5 @@ def _round_output_to_bfloat16(node: Any, value: Any) -> None:
 
 # The fixes ``lower_to_onnx`` wraps ``torch.onnx.export`` in; each wraps the ones before it (the first is
 # closest to the export). Read, extend or replace: ``lower_to_onnx(fixes=(*ONNX_FIXES, my_fix))``.
-ONNX_FIXES: tuple[OnnxFix, ...] = (convert_under_no_grad, bfloat16_arithmetic_in_float32)
+ONNX_FIXES: tuple[OnnxFix, ...] = (convert_under_no_grad, unused_assert_conditions_dropped,
+                                   bfloat16_arithmetic_in_float32)

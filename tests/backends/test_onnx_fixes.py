@@ -6,11 +6,16 @@ CPU SDPA's flash kernel; torch.onnx's fake re-run with grad enabled takes the ma
 kernel instead, and the ``view`` after it failed ("Cannot view a tensor with shape
 ..."). The fix lowers under ``no_grad``, as ``export`` traced.
 
+``unused_assert_conditions_dropped``: the comparisons torch.onnx leaves behind when it erases runtime asserts,
+one of which held a bound past int64 on Idefics3 and SmolVLM (transformers 5.22).
+
 ``bfloat16_arithmetic_in_float32``: bfloat16 elementwise ops in a float32 model
 (Falcon's ALiBi slopes), which ONNX Runtime's CPU provider cannot load.
 """
 
 from __future__ import annotations
+
+import operator
 
 import pytest
 import torch
@@ -24,7 +29,11 @@ import hfx  # noqa: E402
 from hfx._verify import verify  # noqa: E402
 from hfx.backends import ONNX_FIXES  # noqa: E402
 from hfx.backends._onnx import OnnxProgram, lower_to_onnx  # noqa: E402
-from hfx.backends._onnx_fixes import bfloat16_arithmetic_in_float32, convert_under_no_grad  # noqa: E402
+from hfx.backends._onnx_fixes import (  # noqa: E402
+    bfloat16_arithmetic_in_float32,
+    convert_under_no_grad,
+    unused_assert_conditions_dropped,
+)
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE, new_inputs  # noqa: E402
 from tests.tolerances import FP32_ONE_BLOCK, FP32_PARITY  # noqa: E402
 
@@ -154,3 +163,42 @@ def test_the_bfloat16_fix_leaves_a_float32_model_as_it_is():
     assert bfloat16_arithmetic_in_float32(lambda: model) is model
     assert [n.op_type for n in model.graph] == ["Mul"]
 
+
+
+def _asserted_beyond_int64() -> torch.fx.GraphModule:
+    """``x``'s first size checked against a bound past int64, as torch derives for Idefics3's image-token count."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    size = graph.call_function(torch.ops.aten.sym_size.int, (x, 0))
+    condition = graph.call_function(operator.le, (size, 147573952589676412896))
+    graph.call_function(torch.ops.aten._assert_scalar.default, (condition, "u1 <= 147573952589676412896"))
+    graph.output(x)
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _targets(module: torch.fx.GraphModule) -> list:
+    return [node.target for node in module.graph.nodes if node.op == "call_function"]
+
+
+def test_torch_onnx_still_leaves_the_conditions_of_the_asserts_it_removes():
+    """Canary: when this fails, torch.onnx drops dead conditions and ``unused_assert_conditions_dropped`` can go."""
+    from torch.onnx._internal.exporter import _fx_passes
+
+    assert operator.le in _targets(_fx_passes.remove_assertion_nodes(_asserted_beyond_int64()))
+
+
+def test_the_assert_fix_drops_the_conditions_while_converting_and_puts_the_pass_back():
+    from torch.onnx._internal.exporter import _fx_passes
+
+    original, seen = _fx_passes.remove_assertion_nodes, []
+
+    def convert():
+        seen.append(_targets(_fx_passes.remove_assertion_nodes(_asserted_beyond_int64())))
+        return "model"
+
+    assert unused_assert_conditions_dropped(convert) == "model"
+    assert seen == [[]]  # the comparison, and the size only it read, went with the assert
+    assert _fx_passes.remove_assertion_nodes is original
+    with pytest.raises(RuntimeError, match="boom"):
+        unused_assert_conditions_dropped(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert _fx_passes.remove_assertion_nodes is original
