@@ -145,9 +145,10 @@ def size_mb(path: Path) -> float:
 def pin_threads(threads: int, runtimes: tuple[str, ...]) -> dict[str, int]:
     """Give each of ``runtimes`` ``threads`` compute threads through its own option, before any session exists.
 
-    hfx's programs take no thread option yet (issue 13 asks for one), so the runtimes' own defaults are
-    set here: torch's intra-op threads, ONNX Runtime's ``intra_op_num_threads`` on every
-    ``SessionOptions``, OpenVINO's ``INFERENCE_NUM_THREADS`` on every ``Core``, ExecuTorch's threadpool.
+    The runtimes' own defaults are set here: torch's intra-op threads, ONNX Runtime's
+    ``intra_op_num_threads`` on every ``SessionOptions``, OpenVINO's ``INFERENCE_NUM_THREADS`` on every
+    ``Core``, ExecuTorch's threadpool (process-wide). hfx's ONNX and OpenVINO programs set their own
+    session's threads (every CPU unless told), so ``open_hfx`` also gives them ``threads`` (``with_threads``).
     ONNX Runtime GenAI reads its own from ``genai_config.json`` (``open_genai``). Only the named runtimes
     are imported, so a process's peak RSS holds the libraries it uses. Returns what was set.
     """
@@ -263,12 +264,24 @@ def open_eager(checkpoint: Path, out: Path) -> Generate:
     return _transformers_generate(transformers.AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa").eval())
 
 
-def open_as_model(checkpoint: Path, out: Path) -> Generate:
+def open_as_model(checkpoint: Path, out: Path, *, threads: int) -> Generate:
     """Transformers' own ``generate`` over the saved programs: ``hfx.as_model(hfx.load(out))`` (no torch weights)."""
     import hfx
 
     del checkpoint
-    return _transformers_generate(hfx.as_model(hfx.load(out)))
+    return _transformers_generate(hfx.as_model(with_threads(hfx.load(out), threads)))
+
+
+def with_threads(programs: Any, threads: int) -> Any:
+    """``programs`` whose components compute on ``threads`` threads where the record takes them (ONNX, OpenVINO).
+
+    Their default is every CPU of the machine, set on the session, which ``pin_threads`` cannot reach.
+    """
+    import hfx
+
+    return hfx.Components(items={name: attrs.evolve(program, threads=threads) if attrs.has(type(program)) and any(
+        field.name == "threads" for field in attrs.fields(type(program))) else program for name, program in programs.items()},
+                          meta=programs.meta)
 
 
 def _transformers_generate(model: Any) -> Generate:
@@ -311,11 +324,11 @@ def build_hfx(checkpoint: Path, out: Path, *, steps: tuple[Step, ...], decomposi
     return seconds
 
 
-def open_hfx(checkpoint: Path, out: Path) -> Generate:
-    """``hfx.load`` of the saved programs, run by ``hfx.generate``."""
+def open_hfx(checkpoint: Path, out: Path, *, threads: int) -> Generate:
+    """``hfx.load`` of the saved programs on ``threads`` threads, run by ``hfx.generate``."""
     import hfx
 
-    programs = hfx.load(out)
+    programs = with_threads(hfx.load(out), threads)
 
     def generate(prompt: dict[str, list[list[int]]], tokens: int) -> list[list[int]]:
         ids = hfx.generate(_tensors(prompt), programs, max_new_tokens=tokens, eos_token_id=None)
@@ -461,7 +474,7 @@ def contenders(threads: int) -> dict[str, Contender]:
     genai = functools.partial(open_genai, threads=threads)
     rows = [
         Contender(name="eager", runtimes=("torch",), build=None, open=open_eager),
-        *hfx_contenders(),
+        *(attrs.evolve(row, open=functools.partial(row.open, threads=threads)) for row in hfx_contenders()),
         Contender(name="ort-genai", runtimes=(), build=functools.partial(build_genai, precision="fp32"), open=genai),
         Contender(name="ort-genai-int4", runtimes=(), build=functools.partial(build_genai, precision="int4"), open=genai),
     ]
