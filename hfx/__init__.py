@@ -44,6 +44,8 @@ from hfx._save import save as save
 from hfx._verify import Report as Report
 from hfx._verify import verify as verify
 from hfx._version import __version__ as __version__
+from hfx.backends._aoti import AotiProgram as AotiProgram
+from hfx.backends._aoti import lower_to_aoti as lower_to_aoti
 from hfx.backends._executorch import PteProgram as PteProgram
 from hfx.backends._executorch import lower_to_pte as lower_to_pte
 from hfx.backends._onnx import OnnxProgram as OnnxProgram
@@ -57,6 +59,7 @@ from hfx.quantize import quantize_ov as quantize_ov
 from hfx.quantize import quantize_pt2e as quantize_pt2e
 
 __all__ = [
+    "AotiProgram",
     "Capture",
     "CaptureError",
     "ComponentError",
@@ -90,6 +93,7 @@ __all__ = [
     "generate",
     "infer_dynamic_shapes",
     "load",
+    "lower_to_aoti",
     "lower_to_onnx",
     "lower_to_ov",
     "lower_to_pte",

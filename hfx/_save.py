@@ -26,6 +26,7 @@ PROCESSOR = "processor"
 _RUNTIME_MODULES = MappingProxyType(
     {
         "Exported": "hfx.backends._torch",
+        "AotiProgram": "hfx.backends._aoti",
         "OnnxProgram": "hfx.backends._onnx",
         "PteProgram": "hfx.backends._executorch",
         "OvProgram": "hfx.backends._openvino",
@@ -54,7 +55,7 @@ def save(
 
     The directory holds ``hfx.json`` (schema version, hfx and package versions,
     and per component: runtime, files and calling contract) plus each runtime's
-    own files (``.pt2``, ``.onnx`` + ``.onnx.data``, ``.pte``, ``.xml``/``.bin``).
+    own files (``.pt2``, an AOTInductor ``.pt2`` package, ``.onnx`` + ``.onnx.data``, ``.pte``, ``.xml``/``.bin``).
     For ``Components`` it also keeps what ``generate`` needs (the generation
     config and the component roles, in ``meta``) and a tokenizer or processor
     in ``processor/``.
@@ -66,7 +67,7 @@ def save(
 
     Args:
         directory: where to save; must not exist unless ``overwrite``.
-        program: an ``Exported``, ``OnnxProgram``, ``PteProgram``, ``OvProgram`` or ``Components``.
+        program: an ``Exported``, ``AotiProgram``, ``OnnxProgram``, ``PteProgram``, ``OvProgram`` or ``Components``.
         overwrite: replace an existing directory.
         processor: a tokenizer or processor (``save_pretrained``) to keep with the
             programs; defaults to ``program.processor`` for ``Components``.
@@ -155,17 +156,19 @@ def load(directory: str | os.PathLike[str], /, *, trust: bool = False) -> Any:
     What the manifest names is resolved, never imported: classes in its specs only among transformers' cache
     classes (``hfx._pytree``), files only inside ``directory``. Nothing is unpickled unless ``trust=True``: a
     ``.pt2`` that holds pickled parts (``hfx.save`` writes none; another tool or a changed file may) is refused,
-    since unpickling can run any code.
+    since unpickling can run any code. An ``AotiProgram``'s package is compiled native code, which loading runs:
+    it too loads only with ``trust=True``.
 
     Args:
         directory: what ``hfx.save`` wrote.
-        trust: allow loading pickled parts of a ``.pt2``; only for an export whose source you trust.
+        trust: allow loading pickled parts of a ``.pt2`` and compiled packages (``AotiProgram``); only for an
+            export whose source you trust.
 
     Raises:
         FileNotFoundError: no ``hfx.json`` in ``directory``.
         ValueError: the manifest was written by a newer hfx schema, names a file outside ``directory``, or its
             specs name a class hfx does not resolve from a file, or (without ``trust``) a ``.pt2`` holds pickled
-            parts; the message names the manifest and the entry.
+            parts or a component is a compiled package; the message names the manifest and the entry.
     """
     path = Path(directory)
     manifest_path = path / MANIFEST
@@ -200,7 +203,8 @@ def _load_component(path: Path, name: str, entry: Mapping[str, Any], *, trust: b
     module = _runtime_module(entry["record"])
     try:
         pickled = [] if trust else getattr(module, "unpickled_members", lambda *_: [])(entry, path)
-        if not pickled:
+        native = [] if trust else getattr(module, "native_members", lambda *_: [])(entry, path)
+        if not pickled and not native:
             return module.load_files(entry, path, name=name, io=io)
     except HfxError:  # hfx's own errors already say what failed (a device that cannot compile the model ...)
         raise
@@ -210,11 +214,16 @@ def _load_component(path: Path, name: str, entry: Mapping[str, Any], *, trust: b
                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. The files are truncated or "
                "changed since hfx.save wrote them: copy the export again or save it again")
         raise ValueError(msg) from exc
-    shown = ", ".join(pickled[:3]) + (" ..." if len(pickled) > 3 else "")
-    msg = (f"load: {path / MANIFEST}: component {name!r}: {entry['files'][0]} holds pickled parts ({shown}), which "
-           "hfx.save never writes, and unpickling can run any code. Pass trust=True (CLI: --trust) only if you "
-           "trust where the export came from")
+    what = (f"is a compiled package: loading it runs its native code ({_shown(native)})" if native else
+            f"holds pickled parts ({_shown(pickled)}), which hfx.save never writes, and unpickling can run any code")
+    msg = (f"load: {path / MANIFEST}: component {name!r}: {entry['files'][0]} {what}. Pass trust=True (CLI: --trust) "
+           "only if you trust where the export came from")
     raise ValueError(msg)
+
+
+def _shown(members: list[str]) -> str:
+    """The first three of ``members``, for a message."""
+    return ", ".join(members[:3]) + (" ..." if len(members) > 3 else "")
 
 
 def _read_manifest(manifest_path: Path) -> dict[str, Any]:

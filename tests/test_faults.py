@@ -47,6 +47,7 @@ FAULTS = {
     "decompose": (None, "transformers.generation.utils.GenerationMixin", "generate",
                   lambda model, inputs: lambda: hfx.decompose(hfx.capture(inputs, model))),
     "export": (None, "torch.export", "export", lambda model, inputs: lambda: hfx.export(hfx.capture(inputs, model))),
+    "lower_to_aoti": (None, "torch._inductor", "aoti_compile_and_package", _on_the_export(hfx.lower_to_aoti)),
     "lower_to_onnx": ("onnxruntime", "torch.onnx", "export", _on_the_export(hfx.lower_to_onnx)),
     "lower_to_pte": ("executorch", "executorch.exir", "to_edge_transform_and_lower", _on_the_export(hfx.lower_to_pte)),
     "lower_to_ov": ("openvino", "openvino", "convert_model", _on_the_export(hfx.lower_to_ov)),

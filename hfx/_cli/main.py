@@ -100,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-repeat-ngram-size", type=int, help="never repeat an n-gram of this size")
     run.add_argument("--min-new-tokens", type=int, help="generate at least this many tokens before EOS")
     run.add_argument("--trust", action="store_true",
-                     help="load a .pt2 that holds pickled parts (hfx never writes them; unpickling can run code)")
+                     help="load a .pt2 that holds pickled parts (hfx never writes them; unpickling can run code) or a "
+                          "compiled AOTInductor package (loading runs its native code)")
 
     commands.add_parser("zoo", parents=[common], help="list the built-in architectures")
     return parser

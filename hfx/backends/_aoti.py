@@ -1,0 +1,290 @@
+"""The compiled torch runtime: ``lower_to_aoti`` and ``AotiProgram``, an AOTInductor package.
+
+``torch._inductor.aoti_compile_and_package`` compiles an exported program to C++
+(Inductor's fused kernels plus calls into ATen for matmuls and attention),
+builds it into a shared library with the weights inside, and packs that
+library with its calling spec into a ``.pt2`` archive: another format than
+``torch.export.save``'s ``.pt2``, holding compiled code and no graph. The
+program keeps the package (what ``hfx.save`` writes) in a private temporary
+file, mapped read-only: its weights are not held twice in the heap. It runs the
+library through torch's package loader, which extracts it to a temporary folder
+and loads it into the process. The named dims and their bounds of the
+``Exported`` carry into the package as its symbolic sizes: one compile serves
+every batch and sequence length hfx's call admits.
+
+Loading a package runs its native code, so ``hfx.load`` refuses one unless
+``trust=True``, as it refuses a ``.pt2`` with pickled parts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import io
+import mmap
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+import attrs
+from toolz import curry
+
+from hfx._contract import call
+from hfx._errors import LoweringError
+from hfx._export.example_inputs import example_kwargs
+from hfx._export.updates import for_runtime
+from hfx._lift import per_component
+from hfx._pytree import spec_caches
+from hfx._records import Capture, Exported, IoSpec, readonly
+from hfx._serial import one_at_a_time
+from hfx.backends._common import (
+    as_exported,
+    captured_output,
+    check_threads,
+    default_threads,
+    first_line,
+    lowering_error,
+    root_cause,
+)
+
+RUNTIME = "aoti"
+
+# The name aoti_compile_and_package gives the one model of its package (data/aotinductor/model/).
+_MODEL = "model"
+_NATIVE_FOLDER = "data/aotinductor/"
+# Package metadata (aot_inductor.metadata) holding the thread count the kernels were generated for.
+_THREADS_KEY = "hfx.threads"
+# Inductor settings lower_to_aoti makes itself, and what to do instead.
+_OWN_SETTINGS = {
+    "cpp.threads": "pass threads=n instead",
+    "aot_inductor.package": "leave it out: the package is always made",
+    "aot_inductor.output_path": "leave it out: hfx.save writes the package where you say",
+    "aot_inductor.metadata": "leave it out: it holds the threads the kernels are made for",
+}
+# Logger namespaces whose records a lowering keeps for its error message instead of printing them.
+_QUIET_LOGGERS = ("torch",)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class AotiProgram:
+    """An AOTInductor package (compiled native code with its weights), its calling contract and its loaded runner.
+
+    ``package`` is the ``.pt2`` archive ``torch._inductor.aoti_compile_and_package``
+    wrote: bytes, or (in the programs hfx makes) a read-only map of an unlinked
+    temporary file, so the program outlives the files it was loaded from without
+    holding its weights in memory. Making the record loads the package
+    (``torch._inductor.aoti_load_package``'s loader), which runs its native code:
+    make one only from a package you trust.
+    ``inductor_configs`` are the Inductor settings it was compiled with.
+
+    ``threads`` is read from the package: Inductor generated its kernels for that
+    many OpenMP threads (``cpp.threads``), and AOTInductor has no per-program
+    thread setting for the ATen kernels it calls (matmuls, attention), which run on
+    torch's process-wide intra-op pool. So each call sets that pool to ``threads``
+    (``torch.set_num_threads``) and puts the caller's count back after: calls from
+    several Python threads at once share the pool. Another count needs another
+    compile, ``lower_to_aoti(exported, threads=n)``; it is not a field to ``evolve``.
+
+    Calling the program checks the keyword arguments against ``io`` (names,
+    dtypes, dims, bounds) and returns the model's output structure.
+    """
+
+    package: bytes | mmap.mmap = attrs.field(repr=False)
+    io: IoSpec
+    name: str = "model"
+    inductor_configs: Mapping[str, Any] = attrs.field(factory=dict, converter=readonly)
+    _runner: Any = attrs.field(init=False, repr=False, default=attrs.Factory(
+        lambda self: _loaded(self.package), takes_self=True))
+    threads: int = attrs.field(init=False, default=attrs.Factory(
+        lambda self: int(self._runner.get_metadata().get(_THREADS_KEY, default_threads())), takes_self=True))
+
+    def __call__(self, **kwargs: Any) -> Any:
+        """Run the package on ``kwargs`` (checked against ``io``); return the eager model's output structure."""
+        return call(self.io, self._run, kwargs, program=f"AotiProgram({self.name})")
+
+    def _run(self, flat: list[Any]) -> list[Any]:
+        try:
+            with _intra_op_threads(self.threads):
+                return self._runner.run(flat)
+        except Exception as exc:
+            msg = f"AotiProgram({self.name}): the compiled package failed: {first_line(exc)}"
+            raise LoweringError(msg) from exc
+
+
+def _loaded(package: bytes | mmap.mmap) -> Any:
+    """The loader of ``package``'s model, which extracts its shared library and loads it into the process.
+
+    ``aoti_load_package`` would also deserialise any exported programs and extra files the
+    archive holds; this loader (the one it uses) reads the compiled model alone.
+    """
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="hfx-aoti-") as folder:
+        path = Path(folder) / "package.pt2"
+        _write(package, path)
+        return torch._C._aoti.AOTIModelPackageLoader(str(path), _MODEL, False, 1, -1)  # noqa: SLF001
+
+
+def _write(package: bytes | mmap.mmap, path: Path) -> None:
+    """Write ``package`` to ``path``; the pages of a mapped one that this read stay in its file, out of this process."""
+    path.write_bytes(package)
+    if isinstance(package, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        package.madvise(mmap.MADV_DONTNEED)
+
+
+def _mapped(write: Callable[[BinaryIO], Any]) -> mmap.mmap:
+    """What ``write`` writes to a private, already unlinked temporary file, mapped read-only."""
+    with tempfile.TemporaryFile(prefix="hfx-aoti-") as file:
+        write(file)
+        file.flush()
+        return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+@contextlib.contextmanager
+def _intra_op_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op pool at ``threads`` while the block runs (process-wide), then the caller's count again."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before == threads:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@curry
+@per_component
+def lower_to_aoti(
+    exported: Exported | Capture,
+    /,
+    *,
+    threads: int | None = None,
+    inductor_configs: Mapping[str, Any] | None = None,
+) -> AotiProgram:
+    """Compile ``exported`` with AOTInductor into a native package and load it.
+
+    The graph the other runtimes lower (runtime asserts dropped, in-place writes
+    of a static cache returned as outputs) goes through
+    ``torch._inductor.aoti_compile_and_package``: C++ code generated for this
+    machine's CPU, built with its C++ compiler. That takes tens of seconds per
+    graph (20 to 45 s for a one-layer decode step on 2 cores; Inductor's cache
+    under ``/tmp/torchinductor_<user>`` makes a repeat faster) and makes calls
+    faster than the plain ``Exported``. The ``Exported`` is not changed.
+
+    Args:
+        exported: an ``Exported`` (a ``Capture`` is exported first), or ``Components`` of them.
+        threads: the threads the kernels are generated for and the program computes on; ``None``:
+            ``default_threads()``, the CPUs this process may use.
+        inductor_configs: more ``torch._inductor.config`` settings, JSON values
+            (``{"max_autotune": True}``); the program records them.
+
+    Returns:
+        An ``AotiProgram`` callable like the model (``Components`` of them for ``Components``).
+
+    Raises:
+        ValueError: ``threads`` is not a positive int, or ``inductor_configs`` sets what
+            ``lower_to_aoti`` sets itself (``cpp.threads``: use ``threads``).
+        TypeError: ``exported`` is neither ``Exported`` nor ``Capture``, or ``inductor_configs``
+            is not a mapping of setting names to JSON values.
+        LoweringError: Inductor or the C++ compiler failed, or the package did not load;
+            names the component and model.
+
+    Example:
+        >>> import torch, hfx
+        >>> linear = hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4))
+        >>> program = lower_to_aoti(linear, threads=1)  # doctest: +SKIP
+        >>> program(input=torch.ones(5, 3)).shape  # doctest: +SKIP
+        torch.Size([5, 4])
+    """
+    threads = default_threads() if threads is None else check_threads("lower_to_aoti", threads)
+    configs = check_inductor_configs(inductor_configs)
+    exported = for_runtime(as_exported(exported, stage="lower_to_aoti"))
+    package = _compiled(exported, threads=threads, configs=configs)
+    try:
+        return AotiProgram(package=package, io=exported.io, name=exported.name, inductor_configs=configs)
+    except Exception as exc:
+        what = f"the compiled package did not load: {root_cause(exc)}."
+        todo = "Lower again (a package loads on the machine that built it) and report it to hfx if it persists."
+        raise _lowering_error(exported, what, todo) from exc
+
+
+def check_inductor_configs(configs: Any) -> dict[str, Any]:
+    """``configs`` as a dict when it maps setting names to JSON values and leaves hfx's own settings alone."""
+    import json
+
+    configs = {} if configs is None else configs
+    try:
+        plain = dict(json.loads(json.dumps(dict(configs))))
+    except (TypeError, ValueError) as exc:
+        msg = (f"lower_to_aoti: inductor_configs must map torch._inductor.config setting names to JSON values "
+               f"(it is saved in hfx.json), got {configs!r}")
+        raise TypeError(msg) from exc
+    taken = sorted(set(plain) & set(_OWN_SETTINGS))
+    if taken:
+        msg = (f"lower_to_aoti: inductor_configs must not set {taken[0]!r}, which lower_to_aoti sets; "
+               f"{_OWN_SETTINGS[taken[0]]}")
+        raise ValueError(msg)
+    return plain
+
+
+@one_at_a_time
+def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any]) -> mmap.mmap:
+    """The package AOTInductor makes of ``exported``'s program, compiled for ``threads`` threads."""
+    import torch
+
+    program = copy.copy(exported.program)  # the example inputs go on a copy; the graph is unlifted, not changed
+    log = io.StringIO()
+    settings = {**configs, "cpp.threads": threads, "aot_inductor.metadata": {_THREADS_KEY: str(threads)}}
+
+    def compile_into(file: BinaryIO) -> None:
+        # AOTInductor takes the inputs' structure from example inputs; the sizes come from the graph's symbols.
+        program._example_inputs = ((), example_kwargs(exported, exported.io.bounds))  # noqa: SLF001
+        torch._inductor.aoti_compile_and_package(program, package_path=file, inductor_configs=settings)  # noqa: SLF001
+
+    try:
+        with spec_caches(exported.io), captured_output(log, _QUIET_LOGGERS):
+            return _mapped(compile_into)
+    except Exception as exc:
+        what = f"AOTInductor failed: {root_cause(exc)}."
+        todo = ("It needs a C++ compiler (g++ or clang++ on PATH, or CXX) and the Python headers; if an operator "
+                "has no Inductor lowering, lower to another runtime or report it to PyTorch.")
+        raise _lowering_error(exported, what, todo, log.getvalue()) from exc
+
+
+def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> LoweringError:
+    return lowering_error("lower_to_aoti", exported, what, todo, log, source="torch._inductor")
+
+
+def save_files(program: AotiProgram, directory: Path, *, filename: str = "") -> dict[str, Any]:
+    """Write the package, ``<name>.pt2``, into ``directory``; return the manifest entry."""
+    filename = filename or f"{program.name}.pt2"
+    (directory / filename).parent.mkdir(parents=True, exist_ok=True)
+    _write(program.package, directory / filename)
+    return {"files": [filename], "threads": program.threads, "inductor_configs": dict(program.inductor_configs)}
+
+
+def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> AotiProgram:
+    """Load a package written by ``save_files``, running its native code (``hfx.load`` asks for ``trust=True``).
+
+    The program maps a private copy of the package and outlives its directory.
+    """
+    with (Path(directory) / entry["files"][0]).open("rb") as saved:
+        package = _mapped(functools.partial(shutil.copyfileobj, saved))
+    return AotiProgram(package=package, io=io, name=name, inductor_configs=entry.get("inductor_configs", {}))
+
+
+def native_members(entry: Mapping[str, Any], directory: Path) -> list[str]:
+    """The members of the component's package that loading it runs or builds as native code (all its model's files)."""
+    import zipfile
+
+    with zipfile.ZipFile(Path(directory) / entry["files"][0]) as archive:
+        names = [info.filename for info in archive.infolist() if not info.is_dir()]
+    native = [name for name in names if _NATIVE_FOLDER in PurePosixPath(name).as_posix()] or names
+    return sorted(native, key=lambda name: not name.endswith(".so"))  # the shared libraries first

@@ -1,0 +1,210 @@
+"""lower_to_aoti and AotiProgram: parity on new shapes, eager's tokens, purity, threads, save/load and errors.
+
+AOTInductor compiles C++ (tens of seconds a graph): the zoo Llama's forward and the one-layer Llama's
+decomposed graphs are compiled once per module, with one thread, and shared by the tests.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+from toolz import curry
+
+import hfx
+from hfx import zoo
+from hfx.backends._aoti import AotiProgram, lower_to_aoti
+from tests.helpers import NEW_SHAPE, eager_tokens, new_inputs
+from tests.tolerances import FP32_PARITY
+
+PROMPT = {"batch": 2, "sequence": 9}
+NEW_TOKENS = 8
+
+
+def _snapshot(exported: hfx.Exported) -> tuple[str, dict[str, torch.Tensor], torch.Tensor, object]:
+    """What lowering must leave as it was: the graph, the weights, the outputs on new inputs and the example inputs."""
+    state = {k: v.clone() for k, v in exported.program.state_dict.items()}
+    return str(exported.program.graph), state, exported(**new_inputs("llama")).logits, exported.program.example_inputs
+
+
+@pytest.fixture(scope="module")
+def forward(exported):
+    """``(Exported, its snapshot before lowering, AotiProgram)`` of the zoo Llama's forward, compiled once."""
+    ex = exported("llama")
+    before = _snapshot(ex)
+    return ex, before, lower_to_aoti(ex, threads=1)
+
+
+@pytest.fixture(scope="module")
+def decomposed(generative_one_layer):
+    """``(model, exported Components, compiled Components)`` of the one-layer Llama, compiled once, curried."""
+    model, parts = generative_one_layer("llama")
+    return model, parts, lower_to_aoti(threads=1)(parts)
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [NEW_SHAPE, {"batch": 1, "sequence": 3}])
+def test_forward_matches_eager_on_new_shapes(forward, models, shape):
+    _, _, program = forward
+    inputs = zoo.inputs("llama", **shape)
+    report = hfx.verify(models("llama"), inputs, program)
+    assert report.passed and report.max_abs <= FP32_PARITY, str(report)
+    with torch.no_grad():
+        eager = models("llama")(**inputs, **program.io.constants)
+    assert type(program(**inputs)) is type(eager)
+
+
+def test_decomposed_llama_generates_eager_tokens_and_matches_eager_on_new_shapes(decomposed):
+    model, parts, programs = decomposed
+    assert isinstance(programs, hfx.Components) and list(programs) == list(parts)
+    assert all(isinstance(p, AotiProgram) and p.threads == 1 for p in programs.values())
+    for shape in (PROMPT, {"batch": 1, "sequence": 5}):
+        prompt = zoo.inputs("llama", **shape)
+        assert torch.equal(hfx.generate(prompt, programs, max_new_tokens=NEW_TOKENS),
+                           eager_tokens(model, prompt, NEW_TOKENS))
+    new = hfx.decompose(hfx.capture(zoo.inputs("llama", **NEW_SHAPE), model))
+    reports = hfx.verify(model, {name: dict(new[name].kwargs) for name in programs}, programs)
+    assert all(r.passed and r.max_abs <= FP32_PARITY for r in reports.values()), [str(r) for r in reports.values()]
+
+
+def test_threads_are_the_compiled_ones_and_the_callers_pool_is_restored(forward):
+    _, _, program = forward
+    assert program.threads == 1
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        program(**new_inputs("llama"))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(TypeError, match="threads"):
+        attrs.evolve(program, threads=2)  # compiled in: another count is another lowering
+
+
+def test_the_stage_is_curried_with_the_subject_positional_and_options_keyword_only():
+    assert isinstance(lower_to_aoti, curry) and hfx.lower_to_aoti is lower_to_aoti
+    kinds = [p.kind for p in inspect.signature(lower_to_aoti.func).parameters.values()]
+    assert kinds == [inspect.Parameter.POSITIONAL_ONLY] + [inspect.Parameter.KEYWORD_ONLY] * 2
+
+
+# --- the input left unchanged -----------------------------------------------------------------
+
+
+def test_lowering_leaves_the_exported_unchanged(forward):
+    ex, (graph, state, logits, examples), _ = forward
+    assert str(ex.program.graph) == graph
+    assert ex.program.state_dict.keys() == state.keys()
+    assert all(torch.equal(ex.program.state_dict[k], v) for k, v in state.items())
+    assert torch.equal(ex(**new_inputs("llama")).logits, logits)
+    assert ex.program.example_inputs is examples  # AOTInductor's example inputs went on a copy
+
+
+# --- save and load ----------------------------------------------------------------------------
+
+
+def test_save_writes_the_package_and_load_refuses_it_without_trust(decomposed, tmp_path):
+    _, _, programs = decomposed
+    path = hfx.save(tmp_path / "llama", programs)
+    assert {p.name for p in path.iterdir()} == {"hfx.json", *(f"{name}.pt2" for name in programs)}
+    entry = json.loads((path / "hfx.json").read_text())["components"]["decode"]
+    assert (entry["runtime"], entry["record"], entry["threads"], entry["inductor_configs"]) == (
+        "aoti", "AotiProgram", 1, {})
+    with pytest.raises(ValueError, match=re.escape(
+            f"load: {path / 'hfx.json'}: component 'decode': decode.pt2 is a compiled package: loading it runs its "
+            "native code (")) as info:
+        hfx.load(path)
+    assert str(info.value).endswith("Pass trust=True (CLI: --trust) only if you trust where the export came from")
+    assert ".so" in str(info.value)
+
+
+_FRESH = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import hfx
+
+    root = sys.argv[1]
+    expected = torch.load(root + "/expected.pt", weights_only=True)
+    forward, decode = hfx.load(root + "/forward", trust=True), hfx.load(root + "/decode", trust=True)
+    logits = forward(**expected["inputs"]).logits
+    tokens = hfx.generate(expected["prompt"], decode, max_new_tokens=expected["tokens"].shape[1] - 9)
+    print(json.dumps({"record": type(forward).__name__, "threads": forward.threads,
+                      "same_logits": bool(torch.equal(logits, expected["logits"])),
+                      "same_tokens": bool(torch.equal(tokens, expected["tokens"]))}))
+    """
+)
+
+
+def test_a_saved_package_loads_in_a_fresh_process_and_gives_the_same_outputs(forward, decomposed, tmp_path):
+    _, _, program = forward
+    model, _, programs = decomposed
+    inputs, prompt = new_inputs("llama"), zoo.inputs("llama", **PROMPT)
+    expected = {"inputs": inputs, "logits": program(**inputs).logits, "prompt": prompt,
+                "tokens": eager_tokens(model, prompt, NEW_TOKENS)}
+    assert PROMPT["sequence"] == 9  # the child reads the new tokens off the prompt's length
+    torch.save(expected, tmp_path / "expected.pt")
+    hfx.save(tmp_path / "forward", program)
+    hfx.save(tmp_path / "decode", programs)
+    result = subprocess.run([sys.executable, "-c", _FRESH, str(tmp_path)], capture_output=True, text=True,
+                            timeout=600, cwd=Path(__file__).parents[2], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "record": "AotiProgram", "threads": 1, "same_logits": True, "same_tokens": True}
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threads", [0, -1, True, "2"])
+def test_bad_threads_is_a_value_error(threads):
+    linear = hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4))
+    message = f"lower_to_aoti: threads must be a positive int (the threads the runtime computes on), got {threads!r}"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        lower_to_aoti(linear, threads=threads)
+
+
+def test_settings_lower_to_aoti_makes_are_refused_in_inductor_configs():
+    linear = hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4))
+    message = ("lower_to_aoti: inductor_configs must not set 'cpp.threads', which lower_to_aoti sets; "
+               "pass threads=n instead")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        lower_to_aoti(linear, inductor_configs={"cpp.threads": 4})
+
+
+def test_inductor_configs_that_are_not_json_are_a_type_error():
+    linear = hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4))
+    with pytest.raises(TypeError, match=re.escape(
+            "lower_to_aoti: inductor_configs must map torch._inductor.config setting names to JSON values")):
+        lower_to_aoti(linear, inductor_configs={"max_autotune": object()})
+
+
+def test_non_exported_subject_is_a_type_error():
+    with pytest.raises(TypeError, match=re.escape(
+            "lower_to_aoti takes an Exported or a Capture (or Components of them), got Linear")):
+        lower_to_aoti(torch.nn.Linear(1, 1))
+
+
+def test_compiler_failure_is_a_lowering_error_naming_stage_component_and_model():
+    linear = hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4))
+    expected = "[lower_to_aoti] component 'model' of Linear: AOTInductor failed: InductorError: InvalidCxxCompiler"
+    with pytest.raises(hfx.LoweringError, match=re.escape(expected)) as info:
+        lower_to_aoti(linear, threads=1, inductor_configs={"cpp.cxx": [None, "hfx-no-such-compiler"]})
+    assert "It needs a C++ compiler" in str(info.value)
+    assert info.value.__cause__ is not None
+
+
+def test_unknown_input_is_an_input_error(forward):
+    _, _, program = forward
+    with pytest.raises(hfx.InputError, match=re.escape("AotiProgram(model) does not take input(s) ['bogus']")):
+        program(**new_inputs("llama"), bogus=torch.ones(1))
