@@ -39,6 +39,7 @@ QUANTIZED_FORMS: tuple[Form, ...] = (
     Form(runtime="onnx", label="dynamic int8", stage="quantize_onnx", options={"mode": "dynamic"}, before_lowering=False),
     Form(runtime="onnx", label="static QDQ", stage="quantize_onnx", options={"mode": "static", "calibration": True},
          before_lowering=False),
+    Form(runtime="onnx", label="int4", stage="quantize_onnx", options={"mode": "int4"}, before_lowering=False),
     Form(runtime="ov", label="int8 weights", stage="quantize_ov", options={"mode": "int8"}, before_lowering=False),
     Form(runtime="ov", label="int4 weights", stage="quantize_ov", options={"mode": "int4"}, before_lowering=False),
     Form(runtime="ov", label="int8 static", stage="quantize_ov", options={"mode": "int8-static", "calibration": True},

@@ -269,7 +269,7 @@ def open_as_model(checkpoint: Path, out: Path, *, threads: int) -> Generate:
     import hfx
 
     del checkpoint
-    return _transformers_generate(hfx.as_model(with_threads(hfx.load(out), threads)))
+    return _transformers_generate(hfx.as_model(with_threads(hfx.load(out, trust=True), threads)))
 
 
 def with_threads(programs: Any, threads: int) -> Any:
@@ -328,7 +328,7 @@ def open_hfx(checkpoint: Path, out: Path, *, threads: int) -> Generate:
     """``hfx.load`` of the saved programs on ``threads`` threads, run by ``hfx.generate``."""
     import hfx
 
-    programs = with_threads(hfx.load(out), threads)
+    programs = with_threads(hfx.load(out, trust=True), threads)  # trust: a compiled package is this build's own
 
     def generate(prompt: dict[str, list[list[int]]], tokens: int) -> list[list[int]]:
         ids = hfx.generate(_tensors(prompt), programs, max_new_tokens=tokens, eos_token_id=None)
@@ -412,8 +412,9 @@ def _calibration(programs: Any, model: Any) -> Any:
     return hfx.calibration_inputs(model, samples, programs)
 
 
-LOWERINGS: Mapping[str, str | None] = {"pt2": None, "onnx": "lower_to_onnx", "pte": "lower_to_pte", "ov": "lower_to_ov"}
-_LIBRARY = {"pt2": (), "onnx": ("onnxruntime",), "pte": ("executorch",), "ov": ("openvino",)}
+LOWERINGS: Mapping[str, str | None] = {"pt2": None, "aoti": "lower_to_aoti", "onnx": "lower_to_onnx",
+                                       "pte": "lower_to_pte", "ov": "lower_to_ov"}
+_LIBRARY = {"pt2": (), "aoti": (), "onnx": ("onnxruntime",), "pte": ("executorch",), "ov": ("openvino",)}
 
 # The fp32 variants of each runtime: (name suffix, lowering options, decompose options). Everything else is
 # the public API's defaults, so what a lowering does by default is what is measured; a variant is one line.
@@ -422,6 +423,7 @@ _LIBRARY = {"pt2": (), "onnx": ("onnxruntime",), "pte": ("executorch",), "ov": (
 ONE_GRAPH: Mapping[str, Any] = {"multi_token_decode": True}
 FP32_VARIANTS: Mapping[str, tuple[tuple[str, Mapping[str, Any], Mapping[str, Any]], ...]] = {
     "pt2": (("", {}, {}), ("-1graph", {}, ONE_GRAPH)),
+    "aoti": (("", {}, {}),),  # the pt2 program compiled by AOTInductor (lower_to_aoti)
     "onnx": (("", {}, {}), ("-1graph", {}, ONE_GRAPH)),
     "pte": (("", {}, {}), ("-1graph", {}, ONE_GRAPH), ("-llm", {}, {"internal_cache_length": 256})),
     "ov": (("", {}, {}), ("-1graph", {}, ONE_GRAPH), ("-stateful", {"stateful": True}, ONE_GRAPH)),
