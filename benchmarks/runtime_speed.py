@@ -279,9 +279,11 @@ def with_threads(programs: Any, threads: int) -> Any:
     """
     import hfx
 
-    return hfx.Components(items={name: attrs.evolve(program, threads=threads) if attrs.has(type(program)) and any(
-        field.name == "threads" for field in attrs.fields(type(program))) else program for name, program in programs.items()},
-                          meta=programs.meta)
+    def settable(program: Any) -> bool:  # a compiled program's threads are compiled in (lower_to_aoti's option)
+        return attrs.has(type(program)) and any(f.name == "threads" and f.init for f in attrs.fields(type(program)))
+
+    return hfx.Components(items={name: attrs.evolve(program, threads=threads) if settable(program) else program
+                                 for name, program in programs.items()}, meta=programs.meta)
 
 
 def _transformers_generate(model: Any) -> Generate:
@@ -432,9 +434,21 @@ BATCH_ONE = ("1",)
 
 
 def _lower(function: str, options: Mapping[str, Any], value: Any, *, model: Any) -> Any:
+    """``hfx.<function>(value, **options)``, on the build's threads where the lowering takes them.
+
+    A compiled program (``lower_to_aoti``) generates its kernels for its ``threads``, every CPU by default;
+    ``pin_threads`` set torch's to ``--threads``.
+    """
+    import inspect
+
+    import torch
+
     import hfx
 
-    return getattr(hfx, function)(value, **options)
+    stage = getattr(hfx, function)
+    if "threads" in inspect.signature(stage.func).parameters and "threads" not in options:
+        options = {**options, "threads": torch.get_num_threads()}
+    return stage(value, **options)
 
 
 def _quantize(form: Form, value: Any, *, model: Any) -> Any:
