@@ -1,7 +1,7 @@
 """lower_to_aoti and AotiProgram: parity on new shapes, eager's tokens, purity, threads, save/load and errors.
 
-AOTInductor compiles C++ (tens of seconds a graph): the zoo Llama's forward and the one-layer Llama's
-decomposed graphs are compiled once per module, with one thread, and shared by the tests.
+AOTInductor compiles C++ (tens of seconds a graph, growing with the layers): the one-layer Llama's forward and
+its decomposed graphs are compiled once per module, with one thread, and shared by the tests.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from toolz import curry
 import hfx
 from hfx import zoo
 from hfx.backends._aoti import AotiProgram, lower_to_aoti
-from tests.helpers import NEW_SHAPE, eager_tokens, new_inputs
+from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE, eager_tokens, new_inputs, one_layer
 from tests.tolerances import FP32_PARITY
 
 PROMPT = {"batch": 2, "sequence": 9}
@@ -37,9 +37,14 @@ def _snapshot(exported: hfx.Exported) -> tuple[str, dict[str, torch.Tensor], tor
 
 
 @pytest.fixture(scope="module")
-def forward(exported):
-    """``(Exported, its snapshot before lowering, AotiProgram)`` of the zoo Llama's forward, compiled once."""
-    ex = exported("llama")
+def small_llama():
+    return one_layer("llama")
+
+
+@pytest.fixture(scope="module")
+def forward(small_llama):
+    """``(Exported, its snapshot before lowering, AotiProgram)`` of the one-layer Llama's forward, compiled once."""
+    ex = hfx.export(hfx.capture(zoo.inputs("llama", **CAPTURE_SHAPE), small_llama))
     before = _snapshot(ex)
     return ex, before, lower_to_aoti(ex, threads=1)
 
@@ -55,13 +60,13 @@ def decomposed(generative_one_layer):
 
 
 @pytest.mark.parametrize("shape", [NEW_SHAPE, {"batch": 1, "sequence": 3}])
-def test_forward_matches_eager_on_new_shapes(forward, models, shape):
+def test_forward_matches_eager_on_new_shapes(forward, small_llama, shape):
     _, _, program = forward
     inputs = zoo.inputs("llama", **shape)
-    report = hfx.verify(models("llama"), inputs, program)
+    report = hfx.verify(small_llama, inputs, program)
     assert report.passed and report.max_abs <= FP32_PARITY, str(report)
     with torch.no_grad():
-        eager = models("llama")(**inputs, **program.io.constants)
+        eager = small_llama(**inputs, **program.io.constants)
     assert type(program(**inputs)) is type(eager)
 
 
