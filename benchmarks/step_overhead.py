@@ -1,16 +1,25 @@
 """hfx's own time per decode step outside the runtime call, on every runtime (issue 13: at most 0.1 ms).
 
 For the zoo's tiny Llama (2 layers, hidden 64: the runtime call itself is short, so hfx's share shows), one decode
-step after a ``--past``-token cache, at batch 1, two ways, alternated call by call so that drift hits both alike:
+step after a ``--past``-token cache, at batch 1, four ways, in two pairs, each alternated call by call so that drift
+hits both alike:
 
-- ``hfx``: the program called as ``hfx.generate`` calls it, ``program(**kwargs)``: hfx checks the inputs against
-  the program's ``IoSpec``, flattens the cache, converts to the runtime's form, runs, and rebuilds the model's
-  output structure;
-- ``runtime``: the runtime's own call on inputs already in its form: ONNX Runtime's ``session.run`` on numpy feeds,
-  OpenVINO's ``infer`` on one reused request, ExecuTorch's ``method.execute``, the ExportedProgram's graph module on
-  its weights and the flat inputs.
+- ``public``: the program's own call, ``program(**kwargs)``: hfx checks the inputs against the program's
+  ``IoSpec``, flattens the cache, converts to the runtime's form, runs, and rebuilds the model's output structure;
+- ``runtime``: the runtime's own call that ``public`` makes, on inputs already in its form: ONNX Runtime's
+  ``session.run`` on numpy feeds, OpenVINO's request with each input set, then ``start_async`` + ``wait``,
+  ExecuTorch's ``method.execute``, the ExportedProgram's graph module on its weights and the flat inputs;
+- ``step``: the step as ``hfx.generate`` runs it once its first steps are checked (``hfx._flat_steps.flat_step`` on
+  the program's ``flat_call()``): the step's new tensors converted, the cache carried in the runtime's form from the
+  step before, the run, the logits as a torch tensor;
+- ``step runtime``: the runtime's own call that ``step`` makes, on the values the step hands it (its new tensors
+  converted once, the carried cache): ONNX Runtime's IO binding (each value and output bound, then
+  ``run_with_iobinding``, the outputs taken), OpenVINO's call as ``runtime`` makes it but on two requests taking
+  turns and its outputs taken, as the step runs it, the same call as ``runtime`` for the others; the logits copied
+  out, as the step and ``runtime``'s ``session.run`` copy them.
 
-The overhead is the median of ``hfx`` minus the median of ``runtime``. Run it with::
+Each overhead is a median minus its runtime's median: ``public`` - ``runtime`` is the public call's, ``step`` -
+``step runtime`` the overhead per step of ``hfx.generate`` (the issue's number). Run it with::
 
     python benchmarks/step_overhead.py [--runtimes pt2,onnx,ov,pte] [--calls 2000] [--past 16] [--threads 1]
 
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import statistics
 import sys
@@ -33,8 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 RUNTIMES = ("pt2", "onnx", "ov", "pte")
 
 
-def decode_step(past: int) -> tuple[Any, Any, dict[str, Any]]:
-    """``(eager model, its decomposed Exported decode, the keyword arguments of one step after past tokens)``."""
+def decode_step(past: int) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+    """``(eager model, its decomposed Exported decode, the keyword arguments of one step after past tokens, those of
+    the step after it)``; the second's cache is the runtime's output of the first, so it is given by the caller."""
     import torch
 
     import hfx
@@ -48,10 +59,13 @@ def decode_step(past: int) -> tuple[Any, Any, dict[str, Any]]:
     with torch.no_grad():
         cache = model(**prompt, use_cache=True).past_key_values
     keys = input_keys(decode.io)
-    values = {"input_ids": torch.tensor([[5]]), "attention_mask": torch.ones(1, past + 1, dtype=torch.long),
-              "position_ids": torch.tensor([[past]])}
-    kwargs = {key: values.get(key, cache) for key in keys}  # the one key left is the cache, under either name
-    return model, decode, kwargs
+
+    def step(length: int) -> dict[str, Any]:
+        values = {"input_ids": torch.tensor([[5]]), "attention_mask": torch.ones(1, length + 1, dtype=torch.long),
+                  "position_ids": torch.tensor([[length]])}
+        return {key: values.get(key, cache) for key in keys}  # the one key left is the cache, under either name
+
+    return model, decode, step(past), step(past + 1)
 
 
 def program_for(runtime: str, decode: Any, threads: int) -> Any:
@@ -72,11 +86,29 @@ def runtime_call(runtime: str, program: Any, flat: list[Any]) -> Any:
         from hfx.backends._openvino import _to_ov
 
         request = program._compiled.create_infer_request()  # noqa: SLF001
-        tensors = [_to_ov(flat[index]) for index in program._fed]  # noqa: SLF001
-        return lambda: request.infer(tensors, share_inputs=True, share_outputs=True)
+        return _ov_infer(request, [_to_ov(flat[position]) for position in program._fed])  # noqa: SLF001
     if runtime == "pte":
         return lambda: program._method.execute(flat)  # noqa: SLF001
     return graph_call(program.program, flat)
+
+
+def _ov_infer(request: Any, tensors: list[Any], read: int = 0) -> Any:
+    """``request`` run on ``tensors`` (OpenVINO's) as ``OvProgram`` runs it: each set as an input, ``start_async``,
+    ``wait`` (``infer(tensors)`` sets them too, and builds a dict of the outputs), then its first ``read`` output
+    tensors taken and the logits among them copied out."""
+    import numpy as np
+
+    def infer() -> list[Any]:
+        for index, tensor in enumerate(tensors):
+            request.set_input_tensor(index, tensor)
+        request.start_async()
+        request.wait()
+        outputs = [request.get_output_tensor(index) for index in range(read)]
+        if outputs:
+            np.array(outputs[0].data)  # the logits read, as the step reads them (the first read costs most)
+        return outputs
+
+    return infer
 
 
 def graph_call(program: Any, flat: list[Any]) -> Any:
@@ -97,29 +129,108 @@ def graph_call(program: Any, flat: list[Any]) -> Any:
     return run_graph
 
 
-def measure(runtime: str, program: Any, kwargs: dict[str, Any], calls: int) -> dict[str, float]:
-    """Median ms of ``program(**kwargs)`` and of the runtime's own call, alternated ``calls`` times after a warm-up."""
+def step_call(runtime: str, program: Any, values: list[Any]) -> Any:
+    """A zero-argument call of the runtime's own API that ``program.flat_call()`` makes, on the ``values`` a step
+    hands it (torch tensors, or the runtime's outputs of the step before), converted once here.
+
+    Each call gives the runtime its inputs, as ``session.run`` takes its feeds: ONNX Runtime's IO binding binds each
+    input (a torch tensor by its memory) and each output, unallocated (the run allocates them, which it must for a
+    cache that grows), through the C++ binding's own methods; OpenVINO's request sets each input.
+    """
+    if runtime == "onnx":
+        import onnxruntime as ort
+        import torch
+
+        from hfx.backends._onnx import _numpy_dtype
+
+        device = ort.OrtDevice.make("cpu", 0)._get_c_device()  # noqa: SLF001
+        binding = program._session.io_binding()._iobinding  # noqa: SLF001
+        tensors = [(spec.name, value, _numpy_dtype(value), list(value.shape), value.data_ptr())
+                   for spec, value in zip(program.io.inputs, values, strict=True) if isinstance(value, torch.Tensor)]
+        ortvalues = [(spec.name, value) for spec, value in zip(program.io.inputs, values, strict=True)
+                     if not isinstance(value, torch.Tensor)]
+        names = program.io.output_names
+        session = program._session._sess  # noqa: SLF001
+
+        def run_bound() -> Any:
+            for name, _, dtype, shape, pointer in tensors:
+                binding.bind_input(name, device, dtype, shape, pointer)
+            for name, value in ortvalues:
+                binding.bind_ortvalue_input(name, value)
+            for name in names:
+                binding.bind_output(name, device)
+            session.run_with_iobinding(binding, None)
+            outputs = binding.get_outputs()
+            outputs[0].numpy()  # the logits read, as the step reads them
+            return outputs
+
+        return run_bound
+    if runtime == "ov":
+        # Two requests taking turns, each read back, as the step's flat call runs them.
+        fed = [values[position] for position in program._fed]  # noqa: SLF001
+        turns = itertools.cycle([_ov_infer(program._compiled.create_infer_request(), fed, read=len(program.io.outputs))  # noqa: SLF001
+                                 for _ in range(2)])
+        return lambda: next(turns)()
+    return runtime_call(runtime, program, values)
+
+
+def generate_step(program: Any, kwargs: dict[str, Any], flat: list[Any], following: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """``(step, values)``: a zero-argument call of one decode step as ``hfx.generate`` runs it flat, on ``following``
+    (the step after ``kwargs``), and the values that step hands the runtime.
+
+    The cache it carries is what the runtime returned for ``kwargs``, in the runtime's own form, as in the loop.
+    Each call converts the step's new tensors again, as the loop's are new at every step, and runs on the same
+    carried cache (the cache it returns is dropped, so that every call is the same step).
+    """
+    import attrs
+
+    from hfx._flat_steps import _as_input, flat_step, step_plan
+
+    plan = step_plan(program.io)
+    first = program.flat_call()  # its own buffers, which no later call overwrites (OpenVINO's requests)
+    checked = [first.to_runtime(_as_input(flat[i], plan.dtypes[i])) for i, _ in plan.carried]
+    _, carried = flat_step(plan, first, kwargs, checked, {})
+    call = program.flat_call()
+    seen: list[Any] = []
+    flat_step(plan, attrs.evolve(call, run=lambda values: seen.extend(values) or call.run(values)), following, carried, {})
+    converted: dict[str, Any] = {}
+
+    def run_step() -> Any:
+        converted.clear()
+        return flat_step(plan, call, following, carried, converted)
+
+    return run_step, seen
+
+
+def measure(runtime: str, program: Any, kwargs: dict[str, Any], following: dict[str, Any], calls: int) -> dict[str, float]:
+    """Median ms of the public call and its runtime call, alternated ``calls`` times after a warm-up, then of
+    generate's step and its runtime call, alternated as well (apart: with public calls in between, every OpenVINO
+    call measured slower than in a loop of steps)."""
     from hfx._contract import flat_inputs
     from hfx._pytree import spec_caches
 
     with spec_caches(program.io):
         flat = flat_inputs(program.io, kwargs, program=runtime)
-    raw = runtime_call(runtime, program, flat)
+        step, values = generate_step(program, kwargs, flat, following)
+        ms = alternated({"public": lambda: program(**kwargs), "runtime": runtime_call(runtime, program, flat)}, calls)
+        ms |= alternated({"step": step, "step_runtime": step_call(runtime, program, values)}, calls)
+    return {"public_ms": ms["public"], "runtime_ms": ms["runtime"], "overhead_ms": ms["public"] - ms["runtime"],
+            "step_ms": ms["step"], "step_runtime_ms": ms["step_runtime"],
+            "step_overhead_ms": ms["step"] - ms["step_runtime"], "inputs": len(flat)}
+
+
+def alternated(timed: dict[str, Any], calls: int) -> dict[str, float]:
+    """Median ms of each zero-argument call in ``timed``, called in turn ``calls`` times after 20 rounds of warm-up."""
     for _ in range(20):
-        program(**kwargs)
-        raw()
-    hfx_ms, raw_ms = [], []
+        for run in timed.values():
+            run()
+    times: dict[str, list[float]] = {name: [] for name in timed}
     for _ in range(calls):
-        start = time.perf_counter()
-        program(**kwargs)
-        middle = time.perf_counter()
-        raw()
-        end = time.perf_counter()
-        hfx_ms.append((middle - start) * 1e3)
-        raw_ms.append((end - middle) * 1e3)
-    hfx_median, raw_median = statistics.median(hfx_ms), statistics.median(raw_ms)
-    return {"hfx_ms": hfx_median, "runtime_ms": raw_median, "overhead_ms": hfx_median - raw_median,
-            "inputs": len(flat)}
+        for name, run in timed.items():
+            start = time.perf_counter()
+            run()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     from _machine import machine
 
     torch.set_num_threads(args.threads)
-    _, decode, kwargs = decode_step(args.past)
+    _, decode, kwargs, following = decode_step(args.past)
     rows = {}
     for runtime in args.runtimes.split(","):
-        rows[runtime] = measure(runtime, program_for(runtime, decode, args.threads), kwargs, args.calls)
+        rows[runtime] = measure(runtime, program_for(runtime, decode, args.threads), kwargs, following, args.calls)
         print(f"{runtime}: {rows[runtime]}", file=sys.stderr)
     info = machine()
     lines = [
@@ -147,12 +258,15 @@ def main(argv: list[str] | None = None) -> int:
         f"- date: {datetime.date.today().isoformat()}",
         f"- machine: {info['cpu']}, {info['cores']} cores; ISA: {info['isa']}",
         f"- versions: {info['versions']}",
-        f"- model: the zoo's Llama (2 layers, hidden 64), one decode step at batch 1 after {args.past} cached tokens, "
+        f"- model: the zoo's Llama (2 layers, hidden 64), one decode step at batch 1 after {args.past} cached tokens "
+        f"(generate's step: {args.past + 1}, its cache the runtime's output of the step before), "
         f"{args.threads} thread(s), medians of {args.calls} alternated calls",
         "",
-        "| runtime | flat inputs | hfx call ms | runtime call ms | hfx overhead ms |",
-        "|---|---:|---:|---:|---:|",
-        *(f"| {name} | {row['inputs']} | {row['hfx_ms']:.3f} | {row['runtime_ms']:.3f} | {row['overhead_ms']:.3f} |"
+        "| runtime | flat inputs | public call ms | its runtime call ms | public overhead ms "
+        "| generate step ms | its runtime call ms | generate step overhead ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *(f"| {name} | {row['inputs']} | {row['public_ms']:.3f} | {row['runtime_ms']:.3f} | {row['overhead_ms']:.3f} "
+          f"| {row['step_ms']:.3f} | {row['step_runtime_ms']:.3f} | {row['step_overhead_ms']:.3f} |"
           for name, row in rows.items()),
     ]
     print("\n".join(lines))

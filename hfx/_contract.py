@@ -3,7 +3,9 @@
 Every runtime runs a flat list of tensors. These functions turn a caller's
 keyword arguments into that list (checking names, dtypes and shapes against
 the program's ``IoSpec`` so a bad call is a clear error, not a runtime code)
-and turn the flat outputs back into the model's ``ModelOutput``.
+and turn the flat outputs back into the model's ``ModelOutput``. A program's
+``flat_call()`` (a ``FlatCall``) skips all of that, for a loop that checked
+its inputs once (``hfx._flat_steps``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 from torch.utils import _pytree as pytree
 
@@ -46,6 +49,15 @@ def flat_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> list[
             than the one baked in, or a tensor whose dtype, rank or size the
             program cannot take; the message names the input and the axis.
     """
+    return checked_inputs(io, kwargs, program=program)[0]
+
+
+def checked_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> tuple[list[torch.Tensor], dict[str, int]]:
+    """``flat_inputs`` and the size each named dim had in them (``{"batch": 2, "past_sequence": 9}``).
+
+    Raises:
+        InputError: as ``flat_inputs``.
+    """
     keys = input_keys(io)
     kwargs = with_taken_cache_name(kwargs, keys)
     _check_names(io, keys, kwargs, program)
@@ -55,7 +67,8 @@ def flat_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> list[
         raise InputError(msg)
     sizes: dict[str, tuple[int, str]] = {}
     tensors = [leaf for leaf in leaves if leaf is not None]  # None leaves are constants of the graph
-    return [_checked(leaf, tensor_spec, sizes, io, program) for leaf, tensor_spec in zip(tensors, io.inputs, strict=True)]
+    flat = [_checked(leaf, tensor_spec, sizes, io, program) for leaf, tensor_spec in zip(tensors, io.inputs, strict=True)]
+    return flat, {dim: size for dim, (size, _) in sizes.items()}
 
 
 def _check_names(io: IoSpec, keys: Sequence[str], kwargs: Mapping[str, Any], program: str) -> None:
@@ -156,3 +169,35 @@ def _write_back(io: IoSpec, kwargs: Mapping[str, Any], values: Sequence[Any]) ->
                 target.set_(value)
             else:
                 target.copy_(value)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class FlatCall:
+    """A program's call on flat values in its runtime's own form, with nothing checked: what a loop runs per step.
+
+    ``run(values)`` takes the values of ``io.inputs``, in order, and returns those
+    of ``io.outputs``, in order, both in the runtime's form: a torch tensor becomes
+    one with ``to_runtime`` (after the program's own call checked it, or a loop
+    checked its like once), and an output goes back in as an input as it is, so a
+    KV cache handed from step to step stays in the runtime's buffers (ONNX Runtime
+    ``OrtValue``s, OpenVINO tensors). ``to_torch`` gives an output as a torch tensor.
+    A program's ``flat_call()`` makes one; the runtime's failures raise the
+    ``LoweringError`` its own call raises. Unlike ``program(**kwargs)`` it checks
+    nothing: a wrong value is the runtime's error, or a wrong result.
+
+    Example:
+        >>> import torch, hfx
+        >>> linear = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4)))
+        >>> flat = linear.flat_call()
+        >>> [flat.to_torch(out).shape for out in flat.run([flat.to_runtime(torch.ones(5, 3))])]
+        [torch.Size([5, 4])]
+    """
+
+    io: IoSpec
+    run: Callable[[Sequence[Any]], Sequence[Any]]
+    to_runtime: Callable[[torch.Tensor], Any] = _same
+    to_torch: Callable[[Any], torch.Tensor] = _same

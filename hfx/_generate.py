@@ -5,7 +5,9 @@ programs (``Exported``, ``OnnxProgram``, ``PteProgram``, ``OvProgram``), it runs
 the encoder once, the prefill once and the decode step per new token, building
 each step's inputs the way ``transformers``' ``generate()`` does (position ids
 from the mask, the mask grown by one, the cache handed back), so that greedy
-decoding gives exactly the eager tokens.
+decoding gives exactly the eager tokens. The decode steps are checked calls
+until the loop knows how their sizes grow, then flat calls that hand the cache
+from step to step in the runtime's own form (``hfx._flat_steps.DecodeSteps``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hfx._capture.positions import next_positions, prompt_positions, text_positi
 from hfx._capture.vision_inputs import computed_vision_inputs
 from hfx._contract import input_keys, load_spec
 from hfx._errors import InputError, argument_error
+from hfx._flat_steps import DecodeSteps, step_inputs
 from hfx._generation_config import (
     generation_config,
     lengths,
@@ -53,16 +56,6 @@ def _position_sections(program: Any) -> int:
     """How many rows a program's ``position_ids`` have (M-RoPE sections), or 0 for one row per token."""
     spec = next((spec for spec in program.io.inputs if spec.name == "position_ids"), None)
     return int(spec.shape[0]) if spec is not None and len(spec.shape) == 3 and isinstance(spec.shape[0], int) else 0
-
-
-def _step_inputs(program: Any, name: str, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments ``program`` takes, picked from the loop's state."""
-    keys = input_keys(program.io)
-    missing = [k for k in keys if k not in values]
-    if missing:
-        msg = f"generate: component {name!r} takes {missing}, which generate cannot build; pass them as inputs"
-        raise InputError(msg)
-    return {k: values[k] for k in keys}
 
 
 def _picker(config: Any, *, encoder_decoder: bool, generator: torch.Generator | None, max_new_tokens: int,
@@ -263,7 +256,7 @@ def _split_prefill(programs: Components, state: dict[str, Any], features: Mappin
         placeholder = (ids == programs.meta.roles.placeholder_tokens[modality])[..., None].expand_as(embeds)
         embeds = embeds.masked_scatter(placeholder, _feature_rows(encoded).to(embeds.dtype))
     language_model = programs["language_model"]
-    outputs = language_model(**_step_inputs(language_model, "language_model", {**state, "inputs_embeds": embeds}))
+    outputs = language_model(**step_inputs(language_model, "language_model", {**state, "inputs_embeds": embeds}))
     logits = _call_on(programs["lm_head"], outputs.last_hidden_state[:, -1:])
     return logits, output_cache(outputs)
 
@@ -335,10 +328,16 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
     state["beam_idx"] = torch.arange(batch, dtype=torch.int32)  # a stateful graph's cache rows, kept in order
     sections = _position_sections(program)
     positions = None
+    decode = None  # the steps after the prompt's
     for _ in range(max_new_tokens):
         state.update({token_key: new_tokens, mask_key: mask})
         positions = with_positions(programs, sections, state, new_tokens, mask, positions)
-        logits, returned = step(programs, name, run, state, features)
+        if decode is None:
+            logits, returned = step(programs, name, run, state, features)
+            # A static cache is updated in place and not returned: keep the one passed in.
+            state[cache_key] = returned or state[cache_key]
+        else:
+            logits = decode(state)
         token = pick(ids, logits)
         if pad is not None and eos:
             token = torch.where(finished, torch.as_tensor(pad, dtype=token.dtype), token)
@@ -346,16 +345,14 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         finished |= torch.isin(token, torch.tensor(sorted(eos), dtype=token.dtype)) if eos else finished
         if bool(finished.all()):
             break
-        # A static cache is updated in place and not returned: keep the one passed in.
-        state[cache_key] = returned or state[cache_key]
         new_tokens = token[:, None]
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=-1)
         for key, value in _GENERATED_TOKEN_TYPES.items():
             if key in state:
                 state[key] = torch.full_like(new_tokens, value, dtype=state[key].dtype)
-        if name != "decode":
-            program, name = programs["decode"], "decode"
-            run = runner(program)
+        if decode is None:  # a decode that also prefilled goes on with its run (a stateful one's session)
+            decode = DecodeSteps(programs["decode"], run if name == "decode" else runner(programs["decode"]),
+                                 cache_key=cache_key)
     return ids
 
 
@@ -384,7 +381,7 @@ def step(programs: Components, name: str, run: Any, state: dict[str, Any],
     """One forward of the prompt or decode component ``name`` (called through ``run``): its logits and returned cache."""
     if name == "language_model":
         return _split_prefill(programs, state, features or {})
-    outputs = run(**_step_inputs(programs[name], name, state))
+    outputs = run(**step_inputs(programs[name], name, state))
     return outputs.logits, output_cache(outputs)
 
 
@@ -452,12 +449,18 @@ def _generate_internal_cache(programs: Components, state: dict[str, Any], max_ne
         msg = (f"generate: a prompt of {tokens.shape[1]} tokens and {max_new_tokens} new ones do not fit the "
                f"decode component's cache of {length} positions; decompose with a larger internal_cache_length")
         raise InputError(msg)
-    decode = programs["decode"]
+    program = programs["decode"]
     pick = how(prompt_length=tokens.shape[1], mask=None)
     new_tokens, position, ids = tokens, 0, tokens
+    steps = DecodeSteps(program, program, cache_key=None)  # from the first one-token step: the prompt's is longer
     for _ in range(max_new_tokens):
-        outputs = decode(tokens=new_tokens, input_pos=torch.tensor([position]))
-        token = pick(ids, outputs if isinstance(outputs, torch.Tensor) else outputs.logits)
+        state = {"tokens": new_tokens, "input_pos": torch.tensor([position])}
+        if position:
+            logits = steps(state)
+        else:
+            outputs = program(**state)
+            logits = outputs if isinstance(outputs, torch.Tensor) else outputs.logits
+        token = pick(ids, logits)
         ids = torch.cat([ids, token[:, None]], dim=-1)
         if int(token) in eos:
             break

@@ -9,7 +9,7 @@ from typing import Any, Self
 
 import attrs
 
-from hfx._contract import call, load_spec
+from hfx._contract import FlatCall, call, load_spec
 
 
 def readonly(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -474,6 +474,10 @@ class Exported:
     def __call__(self, **kwargs: Any) -> Any:
         """Run the exported program on ``kwargs`` (checked against ``io``)."""
         return call(self.io, self._run, kwargs, program=f"Exported({self.name})")
+
+    def flat_call(self) -> FlatCall:
+        """The program on flat torch tensors, nothing checked (``hfx._contract.FlatCall``): what ``hfx.generate`` runs per step."""
+        return FlatCall(io=self.io, run=self._run)
 
     def _run(self, flat: list[Any]) -> list[Any]:
         import torch

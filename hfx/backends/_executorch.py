@@ -43,7 +43,7 @@ from hfx._export.example_inputs import example_kwargs
 from hfx._export.torch_shapes import derived_dim
 from hfx._export.updates import for_runtime
 from hfx._pytree import spec_caches
-from hfx._contract import call
+from hfx._contract import FlatCall, call
 from hfx._errors import InputError, LoweringError
 from hfx._lift import per_component
 from hfx._records import Capture, DynamicShapes, Exported, IoSpec
@@ -169,6 +169,11 @@ class PteProgram:
                     f"lower_to_pte(exported, max_sizes={{{dim!r}: {size}}}) (up to the export's own bound)."
                 )
             raise
+
+    def flat_call(self) -> FlatCall:
+        """The ``forward`` method on flat torch tensors, nothing checked (``hfx._contract.FlatCall``): what
+        ``hfx.generate`` runs per step."""
+        return FlatCall(io=self.io, run=self._run)
 
     def _run(self, flat: list[torch.Tensor]) -> list[Any]:
         try:
