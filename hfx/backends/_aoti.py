@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 import attrs
 from toolz import curry
 
-from hfx._contract import call
+from hfx._contract import FlatCall, call
 from hfx._errors import LoweringError
 from hfx._export.example_inputs import example_kwargs
 from hfx._export.updates import for_runtime
@@ -104,6 +104,11 @@ class AotiProgram:
     def __call__(self, **kwargs: Any) -> Any:
         """Run the package on ``kwargs`` (checked against ``io``); return the eager model's output structure."""
         return call(self.io, self._run, kwargs, program=f"AotiProgram({self.name})")
+
+    def flat_call(self) -> FlatCall:
+        """The compiled model on flat torch tensors, nothing checked (``hfx._contract.FlatCall``): what
+        ``hfx.generate`` runs per step."""
+        return FlatCall(io=self.io, run=self._run)
 
     def _run(self, flat: list[Any]) -> list[Any]:
         try:

@@ -19,9 +19,12 @@ import attrs
 import pytest
 import torch
 from toolz import curry
+from torch.utils import _pytree as pytree
 
 import hfx
 from hfx import zoo
+from hfx._contract import flat_inputs
+from hfx._pytree import spec_caches
 from hfx.backends._aoti import AotiProgram, lower_to_aoti
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE, eager_tokens, new_inputs, one_layer
 from tests.tolerances import FP32_PARITY
@@ -81,6 +84,19 @@ def test_decomposed_llama_generates_eager_tokens_and_matches_eager_on_new_shapes
     new = hfx.decompose(hfx.capture(zoo.inputs("llama", **NEW_SHAPE), model))
     reports = hfx.verify(model, {name: dict(new[name].kwargs) for name in programs}, programs)
     assert all(r.passed and r.max_abs <= FP32_PARITY for r in reports.values()), [str(r) for r in reports.values()]
+
+
+def test_the_flat_call_is_the_decode_on_its_flat_inputs(decomposed):
+    model, _, programs = decomposed
+    kwargs = dict(hfx.decompose(hfx.capture(zoo.inputs("llama", **NEW_SHAPE), model))["decode"].kwargs)
+    call = programs["decode"].flat_call()
+    assert call.io is programs["decode"].io
+    with spec_caches(call.io):
+        flat = flat_inputs(call.io, kwargs, program="test")
+        want = pytree.tree_leaves(programs["decode"](**kwargs))
+    got = call.run([call.to_runtime(tensor) for tensor in flat])
+    assert len(got) == len(want) == len(call.io.outputs)
+    assert all(torch.equal(call.to_torch(g), w) for g, w in zip(got, want, strict=True))
 
 
 def test_threads_are_the_compiled_ones_and_the_callers_pool_is_restored(forward):
