@@ -115,7 +115,9 @@ def linear():
 # two tests would be lowered on each.
 
 
-@pytest.mark.parametrize("name", PARITY_MODELS)
+# Qwen3 (PARITY_MODELS' fourth) differs from Llama by its q/k norms, which ExecuTorch lowers in the runner's program
+# (tests/_package/test_families.py) and the generated zoo's cells; a lowering here would repeat that path.
+@pytest.mark.parametrize("name", [name for name in PARITY_MODELS if name != "qwen3"])
 def test_a_lowered_model_matches_eager_keeps_its_exported_and_records_its_bounds(lowered, models, exported, name,
                                                                                  tmp_path):
     program, before = lowered(name)
