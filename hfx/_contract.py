@@ -19,6 +19,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from hfx._errors import InputError
+from hfx._export.constant_outputs import with_constants
 from hfx._pytree import classes_in_spec, registered_caches, spec_caches
 from hfx._upstream import with_installed_fields, with_taken_cache_name
 
@@ -132,8 +133,8 @@ def _check_axis(
 
 
 def structured_outputs(io: IoSpec, flat: Sequence[Any]) -> Any:
-    """Rebuild the model's output structure (a ``ModelOutput``) from the flat outputs."""
-    return pytree.tree_unflatten(list(flat), load_spec(io.out_spec))
+    """Rebuild the model's output structure (a ``ModelOutput``) from the flat outputs (and ``io.constant_outputs``)."""
+    return pytree.tree_unflatten(with_constants(flat, io.constant_outputs), load_spec(io.out_spec))
 
 
 def call(io: IoSpec, run: Callable[[list[torch.Tensor]], Sequence[Any]], kwargs: Mapping[str, Any], *, program: str) -> Any:
@@ -147,7 +148,7 @@ def call(io: IoSpec, run: Callable[[list[torch.Tensor]], Sequence[Any]], kwargs:
         if len(outputs) != len(io.outputs):
             msg = f"{program} returned {len(outputs)} outputs, its spec has {len(io.outputs)}"
             raise InputError(msg)
-        returned = load_spec(io.out_spec).num_leaves
+        returned = load_spec(io.out_spec).num_leaves - len(io.constant_outputs)
         if len(outputs) > returned:
             _write_back(io, kwargs, outputs[returned:])
         return structured_outputs(io, outputs[:returned])

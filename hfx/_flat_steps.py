@@ -90,7 +90,7 @@ def step_plan(io: IoSpec) -> StepPlan | None:
     starts = list(itertools.accumulate((child.num_leaves for child in arguments.children()), initial=0))
     outputs = load_spec(io.out_spec)
     logits = _logits_position(outputs)
-    if starts[-1] != len(io.inputs) or logits is None:
+    if starts[-1] != len(io.inputs) or logits is None or io.constant_outputs:  # constants: leaf != graph output
         return None
     key = cache_argument(keys)
     index = keys.index(key) if key is not None else None

@@ -87,6 +87,9 @@ class IoSpec:
     names the inputs the graph writes in place (a static cache); a runtime that
     cannot write its inputs returns their new values as the last outputs,
     after the ``out_spec`` leaves, and the call copies them back.
+    ``constant_outputs`` are the ``(leaf index, value)`` of output leaves that
+    are not tensors (``None``): no graph returns them, the call puts them back
+    (``hfx._export.constant_outputs``).
     """
 
     inputs: tuple[TensorSpec, ...] = attrs.field(converter=tuple)
@@ -96,6 +99,8 @@ class IoSpec:
     constants: Mapping[str, Any] = attrs.field(factory=dict, converter=readonly)
     bounds: Mapping[str, tuple[int, int | None]] = attrs.field(factory=dict, converter=readonly)
     updates: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    constant_outputs: tuple[tuple[int, Any], ...] = attrs.field(
+        default=(), converter=lambda pairs: tuple((int(i), _json_constant(v)) for i, v in pairs))
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -117,6 +122,7 @@ class IoSpec:
             "constants": {k: _json_constant(v) for k, v in self.constants.items()},
             "bounds": {k: list(v) for k, v in self.bounds.items()},
             "updates": list(self.updates),
+            "constant_outputs": [list(pair) for pair in self.constant_outputs],
         }
 
     @classmethod
@@ -130,6 +136,7 @@ class IoSpec:
             constants=data["constants"],
             bounds={k: tuple(v) for k, v in data["bounds"].items()},
             updates=data.get("updates", ()),
+            constant_outputs=data.get("constant_outputs", ()),
         )
 
 

@@ -14,6 +14,7 @@ from hfx._capture.dynamic_shapes import dim_sizes, infer_dynamic_shapes
 from hfx._export.torch_shapes import refine, to_torch, widen_unit_axes
 from hfx._errors import CaptureError, PatchError, describe
 from hfx._export.asserts import on_input_sizes_only, without_asserts
+from hfx._export.constant_outputs import constant_outputs, user_outputs, without_constant_outputs
 from hfx._export.prune import without_unused_weights
 from hfx._export.signature import flatten_signature
 from hfx._lift import per_component
@@ -64,9 +65,10 @@ def export(
     chosen = default_patches(capture.source) if patches is None else _checked_patches(patches)
     with registered_caches(cache_classes(capture.source)):  # io_spec and module() walk cache outputs
         program, shapes = _export_refining(flat, shapes, chosen)
+        io = io_spec(program, flat, shapes)
         return Exported(
-            program=program,
-            io=io_spec(program, flat, shapes),
+            program=without_constant_outputs(program),
+            io=io,
             dynamic_shapes=shapes,
             name=capture.name,
             source_class=type(capture.source).__name__,
@@ -210,11 +212,11 @@ def io_spec(program: torch.export.ExportedProgram, flat: Capture, shapes: Dynami
     symbols = _symbol_names(program, flat.kwargs, shapes)
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     inputs = [_tensor_spec(name, placeholders[user].meta["val"], symbols) for name, user in _user_inputs(program, flat.kwargs)]
-    output_node = next(n for n in program.graph.nodes if n.op == "output")
-    user_outputs = output_node.args[0][-len(program.graph_signature.user_outputs):] if program.graph_signature.user_outputs else []
+    returned = user_outputs(program)
     taken = {spec.name for spec in inputs}
-    names = [_distinct(name, taken) for name in _output_names(program.call_spec.out_spec, len(user_outputs))]
-    outputs = [_tensor_spec(name, node.meta["val"], symbols) for name, node in zip(names, user_outputs)]
+    names = [_distinct(name, taken) for name in _output_names(program.call_spec.out_spec, len(returned))]
+    outputs = [_tensor_spec(name, node.meta["val"], symbols) for name, node in zip(names, returned)
+               if isinstance(node, torch.fx.Node)]
     bounds = {}
     for symbol, name in symbols.items():
         vr = program.range_constraints.get(symbol)
@@ -229,6 +231,7 @@ def io_spec(program: torch.export.ExportedProgram, flat: Capture, shapes: Dynami
         constants=flat.constants,
         bounds=bounds,
         updates=[spec.name for spec, user in zip(inputs, program.graph_signature.user_inputs) if user in written],
+        constant_outputs=constant_outputs(program),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from hfx._export.asserts import without_runtime_asserts
@@ -24,11 +25,8 @@ def with_updates_as_outputs(exported: Exported) -> Exported:
     """
     if not exported.io.updates:
         return exported
-    import dataclasses
-
     import attrs
-    from torch.export.exported_program import ExportedProgram
-    from torch.export.graph_signature import ExportGraphSignature, OutputKind, OutputSpec
+    from torch.export.graph_signature import OutputKind, OutputSpec
     from torch.utils import _pytree as pytree
 
     from hfx._records import TensorSpec
@@ -42,29 +40,39 @@ def with_updates_as_outputs(exported: Exported) -> Exported:
         written = {spec.target: arg for arg, spec in pairs if spec.kind == OutputKind.USER_INPUT_MUTATION}
         placeholder_of = dict(zip(exported.io.input_names, signature.user_inputs))
         moved = [(written[placeholder_of[name]], name) for name in exported.io.updates]
-        output.args = (tuple(arg for arg, _ in kept) + tuple(arg for arg, _ in moved),)
-        functional.graph_module.recompile()
         specs = [spec for _, spec in kept]
         specs += [OutputSpec(kind=OutputKind.USER_OUTPUT, arg=spec_arg(arg), target=None) for arg, _ in moved]
         out_spec = pytree.TreeSpec(tuple, None, [functional.call_spec.out_spec] + [pytree.treespec_leaf()] * len(moved))
-        entries = [
-            dataclasses.replace(entry, signature=dataclasses.replace(entry.signature, out_spec=out_spec))
-            if entry.fqn == "" and entry.signature is not None else entry
-            for entry in functional.module_call_graph
-        ]
-        program = ExportedProgram(
-            root=functional.graph_module,
-            graph=functional.graph,
-            graph_signature=ExportGraphSignature(input_specs=signature.input_specs, output_specs=specs),
-            state_dict=functional.state_dict,
-            range_constraints=functional.range_constraints,
-            module_call_graph=entries,
-            constants=functional.constants,
-            verifiers=[functional.verifier],
-        )
+        program = with_outputs(functional, [arg for arg, _ in kept] + [arg for arg, _ in moved], specs, out_spec)
     by_name = {spec.name: spec for spec in exported.io.inputs}
     extra = [TensorSpec(name=f"updated.{name}", dtype=by_name[name].dtype, shape=by_name[name].shape) for name in exported.io.updates]
     return attrs.evolve(exported, program=program, io=attrs.evolve(exported.io, outputs=(*exported.io.outputs, *extra)))
+
+
+def with_outputs(program: Any, args: list[Any], specs: list[Any], out_spec: Any) -> Any:
+    """``program``'s graph returning ``args`` (``specs`` in its signature, ``out_spec`` the structure), as a new
+    ``ExportedProgram``; the graph is changed in place."""
+    from torch.export.exported_program import ExportedProgram
+    from torch.export.graph_signature import ExportGraphSignature
+
+    output = next(node for node in program.graph.nodes if node.op == "output")
+    output.args = (tuple(args),)
+    program.graph_module.recompile()
+    entries = [
+        dataclasses.replace(entry, signature=dataclasses.replace(entry.signature, out_spec=out_spec))
+        if entry.fqn == "" and entry.signature is not None else entry
+        for entry in program.module_call_graph
+    ]
+    return ExportedProgram(
+        root=program.graph_module,
+        graph=program.graph,
+        graph_signature=ExportGraphSignature(input_specs=program.graph_signature.input_specs, output_specs=specs),
+        state_dict=program.state_dict,
+        range_constraints=program.range_constraints,
+        module_call_graph=entries,
+        constants=program.constants,
+        verifiers=[program.verifier],
+    )
 
 
 def spec_arg(node: Any) -> Any:

@@ -201,12 +201,45 @@ def _tower_tapped_view(owner: torch.nn.Module, tower: str) -> torch.nn.Module:
     return view
 
 
+def _recording_towers(view: torch.nn.Module, outputs: list[Any]) -> torch.nn.Module:
+    """``view`` whose child modules that return a ``ModelOutput`` (a vision tower) append it to ``outputs``.
+
+    The children stay in the view's module table (its ``parameters()`` and ``dtype`` are the model's); the
+    instance attribute that shadows each is what the method calls.
+    """
+    for name, module in view._modules.items():  # noqa: SLF001
+        vars(view)[name] = _Recording(module, outputs)
+    return view
+
+
+class _Recording:
+    """Stands in for a child module: its attributes are the module's, a call's ``ModelOutput`` is kept."""
+
+    def __init__(self, module: torch.nn.Module, outputs: list[Any]) -> None:
+        self._module, self._outputs = module, outputs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from transformers.utils import ModelOutput
+
+        output = self._module(*args, **kwargs)
+        if isinstance(output, ModelOutput):
+            self._outputs.append(output)
+        return output
+
+
 def _joined_features(method: Any, child: str, *, projects: bool) -> Any:
     """Wrap a feature method: stop at ``child``, call it, return every image's tokens as one tensor.
 
-    ``projects``: ``child`` is the projector (the output's ``last_hidden_state``
-    is its input); otherwise it is the tower, whose output is returned with
-    its ``pooler_output`` in a one-item list.
+    ``projects``: ``child`` is the projector. The method's tower output (what
+    LLaVA, Idefics 2/3, SmolVLM and PaliGemma return, and transformers 5.24's
+    forward returns as ``image_outputs``) is returned with its
+    ``pooler_output`` the one-item list; a method whose children return no
+    ``ModelOutput`` gets one with the projector's input as ``last_hidden_state``.
+    Otherwise ``child`` is the tower, whose output is returned with its
+    ``pooler_output`` in a one-item list.
     """
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
@@ -215,14 +248,19 @@ def _joined_features(method: Any, child: str, *, projects: bool) -> Any:
     def get_features(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if child not in self._modules:  # noqa: SLF001 - a FeatureEncoder's view, already stopping at the projector
             return method(self, *args, **kwargs)
+        towers: list[Any] = []
         try:
-            method(tapped_view(self, child) if projects else _tower_tapped_view(self, child), *args, **kwargs)
+            method(_recording_towers(tapped_view(self, child), towers) if projects else _tower_tapped_view(self, child),
+                   *args, **kwargs)
         except ProjectorCall as stop:
             output = getattr(self, child)(*stop.args, **stop.kwargs)
             if not projects:
                 output.pooler_output = [output.pooler_output]
                 return output
             joined = output.reshape(-1, output.shape[-1])
+            if towers:  # as the method does: the tower's output, its pooler_output the projected features
+                towers[0].pooler_output = [joined]
+                return towers[0]
             return BaseModelOutputWithPooling(last_hidden_state=stop.features, pooler_output=[joined])
         msg = f"{type(self).__name__}.{method.__name__} returned without calling {child!r}"
         raise RuntimeError(msg)

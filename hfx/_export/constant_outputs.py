@@ -1,0 +1,56 @@
+"""Outputs that are constants, not tensors: kept in the calling contract, taken out of the graph.
+
+A model can return ``None`` inside its output structure: transformers 5.24's
+LLaVA returns its vision tower's ``hidden_states`` with ``None`` for every
+layer it did not keep (``select_hidden_states``). torch.export records such a
+leaf as a ``ConstantArgument`` output of the graph; no runtime returns it.
+``IoSpec.constant_outputs`` holds each one's place among the output leaves,
+the graph returns the tensors alone, and the call puts the constants back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+
+def user_outputs(program: torch.export.ExportedProgram) -> list[Any]:
+    """The graph's user outputs, in order: FX nodes for tensors, the values themselves for constants."""
+    output = next(node for node in program.graph.nodes if node.op == "output")
+    count = len(program.graph_signature.user_outputs)
+    return list(output.args[0][-count:]) if count else []
+
+
+def constant_outputs(program: torch.export.ExportedProgram) -> tuple[tuple[int, Any], ...]:
+    """``(leaf index, value)`` of each user output of ``program`` that is not a tensor."""
+    return tuple((index, value) for index, value in enumerate(user_outputs(program))
+                 if not isinstance(value, torch.fx.Node))
+
+
+def without_constant_outputs(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` returning its tensor outputs alone, as a flat tuple; ``program`` itself when it has no other.
+
+    The graph is changed in place (the program is hfx's own, fresh from torch.export).
+    """
+    from torch.export.graph_signature import ConstantArgument
+
+    from hfx._export.updates import with_outputs
+
+    if not constant_outputs(program):
+        return program
+    output = next(node for node in program.graph.nodes if node.op == "output")
+    pairs = list(zip(output.args[0], program.graph_signature.output_specs, strict=True))
+    kept = [(arg, spec) for arg, spec in pairs if not isinstance(spec.arg, ConstantArgument)]
+    tensors = sum(1 for value in user_outputs(program) if isinstance(value, torch.fx.Node))
+    out_spec = pytree.TreeSpec(tuple, None, [pytree.treespec_leaf()] * tensors)
+    return with_outputs(program, [arg for arg, _ in kept], [spec for _, spec in kept], out_spec)
+
+
+def with_constants(flat: list[Any], constants: tuple[tuple[int, Any], ...]) -> list[Any]:
+    """The output leaves: ``flat`` (the tensors) with each constant put back at its index."""
+    leaves = list(flat)
+    for index, value in sorted(constants):
+        leaves.insert(index, value)
+    return leaves
