@@ -148,8 +148,7 @@ def pin_threads(threads: int, runtimes: tuple[str, ...]) -> dict[str, int]:
     The runtimes' own defaults are set here: torch's intra-op threads, ONNX Runtime's
     ``intra_op_num_threads`` on every ``SessionOptions``, OpenVINO's ``INFERENCE_NUM_THREADS`` on every
     ``Core``, ExecuTorch's threadpool (process-wide). hfx's ONNX and OpenVINO programs set their own
-    session's threads and hfx's ExecuTorch programs size the pool before each call (every CPU unless told),
-    so ``open_hfx`` also gives them ``threads`` (``with_threads``).
+    session's threads (every CPU unless told), so ``open_hfx`` also gives them ``threads`` (``with_threads``).
     ONNX Runtime GenAI reads its own from ``genai_config.json`` (``open_genai``). Only the named runtimes
     are imported, so a process's peak RSS holds the libraries it uses. Returns what was set.
     """
@@ -274,11 +273,9 @@ def open_as_model(checkpoint: Path, out: Path, *, threads: int) -> Generate:
 
 
 def with_threads(programs: Any, threads: int) -> Any:
-    """``programs`` whose components compute on ``threads`` threads where the record takes them (ONNX, OpenVINO,
-    ExecuTorch).
+    """``programs`` whose components compute on ``threads`` threads where the record takes them (ONNX, OpenVINO).
 
-    Their default is every CPU of the machine, set on the session (ExecuTorch: on its pool before each call),
-    which ``pin_threads`` cannot reach.
+    Their default is every CPU of the machine, set on the session, which ``pin_threads`` cannot reach.
     """
     import hfx
 

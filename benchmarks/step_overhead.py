@@ -72,7 +72,7 @@ def program_for(runtime: str, decode: Any, threads: int) -> Any:
     import hfx
 
     lower = {"pt2": lambda e: e, "onnx": lambda e: hfx.lower_to_onnx(e, threads=threads),
-             "ov": lambda e: hfx.lower_to_ov(e, threads=threads), "pte": lambda e: hfx.lower_to_pte(e, threads=threads)}
+             "ov": lambda e: hfx.lower_to_ov(e, threads=threads), "pte": hfx.lower_to_pte}
     return lower[runtime](decode)
 
 

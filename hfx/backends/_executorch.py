@@ -50,8 +50,6 @@ from hfx._records import Capture, DynamicShapes, Exported, IoSpec
 from hfx.backends._common import (
     as_exported,
     captured_output,
-    check_threads,
-    default_threads,
     first_line,
     fix_names,
     fixes_option,
@@ -79,9 +77,8 @@ _METHOD = "forward"
 # Logger namespaces whose records a lowering keeps for its error message instead of printing them.
 _QUIET_LOGGERS = ("torch", "torchao", "executorch")
 
-# Lines the native runtime writes to stderr on success: XNNPACK's CPU probe (the first load in a process) and
-# the note that the thread pool was resized (``PteProgram.threads``).
-_NATIVE_NOISE = re.compile(r"^\[(cpuinfo_utils\.cpp:\d+\]|threadpool\.cpp:\d+\] Resetting threadpool)")
+# Lines the native runtime writes to stderr on a successful load (XNNPACK's CPU probe, once per process).
+_NATIVE_NOISE = re.compile(r"^\[cpuinfo_utils\.cpp:\d+\]")
 
 # executorch/runtime/core/error.h
 _ERROR_NAMES = MappingProxyType(
@@ -119,12 +116,6 @@ class PteProgram:
     output structure; buffers the graph writes (a KV cache kept inside) keep
     their values from call to call. Do not call one program from several threads
     at once: ExecuTorch methods reuse one memory arena.
-
-    ``threads`` is what XNNPACK and the LLM kernels compute on. ExecuTorch has
-    one thread pool per process, not one per program: a call resizes that pool
-    to ``threads`` when it has another size (a new pool, so programs with
-    different ``threads`` in one process pay that on each switch) and leaves it
-    so. ``attrs.evolve(program, threads=1)`` gives a program on one thread.
     """
 
     buffer: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
@@ -133,17 +124,12 @@ class PteProgram:
     patches: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     rewrites: Mapping[str, int] = attrs.field(factory=dict, converter=lambda counts: MappingProxyType(dict(counts)))
     constant_methods: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda m: MappingProxyType(dict(m)))
-    threads: int = attrs.field(factory=default_threads)
     _program: Any = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda s: _load_program(s.buffer, s.name), takes_self=True)
     )
     _method: Any = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda s: _load_method(s._program, s.name, s.buffer), takes_self=True)
     )
-
-    @threads.validator
-    def _check_threads(self, attribute: Any, value: Any) -> None:
-        check_threads("PteProgram", value)
 
     @property
     def max_sizes(self) -> Mapping[str, int | None]:
@@ -190,7 +176,6 @@ class PteProgram:
         return FlatCall(io=self.io, run=self._run)
 
     def _run(self, flat: list[torch.Tensor]) -> list[Any]:
-        _pool_of(self.threads)
         try:
             return list(self._method.execute(flat))
         except RuntimeError as exc:
@@ -211,7 +196,6 @@ def lower_to_pte(
     patches: tuple[Patch, ...] = PTE_PATCHES,
     rewrites: tuple[PteRewrite, ...] = XNNPACK_REWRITES,
     constant_methods: Mapping[str, Any] | None = None,
-    threads: int | None = None,
 ) -> PteProgram:
     """Lower ``exported`` to an ExecuTorch program delegated to XNNPACK, planned for bounded dims.
 
@@ -240,9 +224,6 @@ def lower_to_pte(
         constant_methods: ``{method name: value}`` (an int, float, bool or a list of them) that the
             program also carries as methods returning the value (ExecuTorch's LLM runner reads
             ``get_max_seq_len``, ``get_eos_ids`` ... so).
-        threads: the threads the program computes on (ExecuTorch's process-wide pool, sized
-            before each call: see ``PteProgram``); ``None``: ``default_threads()``, the CPUs this
-            process may use.
 
     Returns:
         A ``PteProgram`` callable like the model (``Components`` of them for ``Components``).
@@ -250,7 +231,7 @@ def lower_to_pte(
     Raises:
         ImportError: executorch is missing (install ``hfx[executorch]``).
         ValueError: ``max_sizes`` names a dim the program does not have, or asks for more than
-            the export allows (or less than its lower bound), or ``threads`` is not a positive int.
+            the export allows (or less than its lower bound).
         TypeError: ``exported`` is neither ``Exported`` nor ``Capture``, or ``patches`` or
             ``rewrites`` is not a tuple of callables.
         LoweringError: torch.export, ExecuTorch or its runtime failed; names the component and model.
@@ -271,7 +252,6 @@ def lower_to_pte(
     patches = fixes_option(patches, stage="lower_to_pte", option="patches", default="PTE_PATCHES")
     rewrites = fixes_option(rewrites, stage="lower_to_pte", option="rewrites", default="XNNPACK_REWRITES")
     methods = _constant_methods(constant_methods)
-    threads = default_threads() if threads is None else check_threads("lower_to_pte", threads)
     exported = as_exported(exported, stage="lower_to_pte")
     bounds = pte_bounds(exported, max_sizes=max_sizes)
     with _quietly() as log:
@@ -281,7 +261,7 @@ def lower_to_pte(
     io_spec = attrs.evolve(exported.io, bounds={**exported.io.bounds, **kept})
     try:
         return PteProgram(buffer=buffer, io=io_spec, name=exported.name, patches=fix_names(patches),
-                          rewrites=counts, constant_methods=methods, threads=threads)
+                          rewrites=counts, constant_methods=methods)
     except LoweringError as exc:
         what = f"the program was built, but the ExecuTorch runtime refused it: {first_line(exc)}."
         todo = "The runtime's output below names the operator or delegate; replace it with a patch at export."
@@ -496,15 +476,6 @@ def _explain(exc: BaseException) -> str:
 
 def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> LoweringError:
     return lowering_error("lower_to_pte", exported, what, todo, log, source="ExecuTorch")
-
-
-def _pool_of(threads: int) -> None:
-    """ExecuTorch's process-wide thread pool at ``threads`` threads (a new pool only when its size differs)."""
-    from executorch.extension.pybindings import portable_lib
-
-    if portable_lib._threadpool_get_thread_count() != threads:  # noqa: SLF001
-        with _native_stderr():
-            portable_lib._unsafe_reset_threadpool(threads)  # noqa: SLF001
 
 
 def save_files(program: PteProgram, directory: Path) -> dict[str, Any]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import subprocess
-import sys
 
 import attrs
 import pytest
@@ -315,32 +313,3 @@ def test_constant_methods_are_carried_saved_and_loaded(linear, tmp_path):
 def test_bad_constant_methods_are_value_errors(linear, methods):
     with pytest.raises(ValueError, match="constant_methods"):
         lower_to_pte(linear, constant_methods=methods)
-
-
-def test_threads_size_executorchs_pool_before_a_call(linear):
-    from executorch.extension.pybindings import portable_lib
-
-    from hfx.backends._common import default_threads
-
-    program = lower_to_pte(linear)
-    assert program.threads == default_threads()
-    for threads in (1, 2, 1):  # each switch makes a new pool
-        one = attrs.evolve(program, threads=threads)
-        assert torch.allclose(one(input=torch.ones(3, 3)), linear(input=torch.ones(3, 3)))
-        assert portable_lib._threadpool_get_thread_count() == threads  # noqa: SLF001
-    with pytest.raises(ValueError, match=r"lower_to_pte: threads must be a positive int"):
-        lower_to_pte(linear, threads=0)
-    with pytest.raises(ValueError, match=r"PteProgram: threads must be a positive int"):
-        attrs.evolve(program, threads=True)
-
-
-def test_resizing_the_pool_is_quiet():
-    # In a fresh process with stderr a pipe (as in a user's program): ExecuTorch's note on each resize is dropped.
-    script = """
-import attrs, torch, hfx
-program = hfx.lower_to_pte(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 4)), threads=1)
-for threads in (1, 2, 1):
-    attrs.evolve(program, threads=threads)(input=torch.ones(3, 3))
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
-    assert "threadpool" not in done.stderr, done.stderr
