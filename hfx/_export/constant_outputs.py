@@ -10,6 +10,7 @@ the graph returns the tensors alone, and the call puts the constants back.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -36,8 +37,6 @@ def without_constant_outputs(program: torch.export.ExportedProgram) -> torch.exp
     """
     from torch.export.graph_signature import ConstantArgument
 
-    from hfx._export.updates import with_outputs
-
     if not constant_outputs(program):
         return program
     output = next(node for node in program.graph.nodes if node.op == "output")
@@ -46,6 +45,32 @@ def without_constant_outputs(program: torch.export.ExportedProgram) -> torch.exp
     tensors = sum(1 for value in user_outputs(program) if isinstance(value, torch.fx.Node))
     out_spec = pytree.TreeSpec(tuple, None, [pytree.treespec_leaf()] * tensors)
     return with_outputs(program, [arg for arg, _ in kept], [spec for _, spec in kept], out_spec)
+
+
+def with_outputs(program: Any, args: list[Any], specs: list[Any], out_spec: Any) -> Any:
+    """``program``'s graph returning ``args`` (``specs`` in its signature, ``out_spec`` the structure), as a new
+    ``ExportedProgram``; the graph is changed in place."""
+    from torch.export.exported_program import ExportedProgram
+    from torch.export.graph_signature import ExportGraphSignature
+
+    output = next(node for node in program.graph.nodes if node.op == "output")
+    output.args = (tuple(args),)
+    program.graph_module.recompile()
+    entries = [
+        dataclasses.replace(entry, signature=dataclasses.replace(entry.signature, out_spec=out_spec))
+        if entry.fqn == "" and entry.signature is not None else entry
+        for entry in program.module_call_graph
+    ]
+    return ExportedProgram(
+        root=program.graph_module,
+        graph=program.graph,
+        graph_signature=ExportGraphSignature(input_specs=program.graph_signature.input_specs, output_specs=specs),
+        state_dict=program.state_dict,
+        range_constraints=program.range_constraints,
+        module_call_graph=entries,
+        constants=program.constants,
+        verifiers=[program.verifier],
+    )
 
 
 def with_constants(flat: list[Any], constants: tuple[tuple[int, Any], ...]) -> list[Any]:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from hfx._export.asserts import without_runtime_asserts
+from hfx._export.constant_outputs import with_outputs
 from hfx._pytree import spec_caches
 from hfx._records import Exported
 
@@ -47,32 +47,6 @@ def with_updates_as_outputs(exported: Exported) -> Exported:
     by_name = {spec.name: spec for spec in exported.io.inputs}
     extra = [TensorSpec(name=f"updated.{name}", dtype=by_name[name].dtype, shape=by_name[name].shape) for name in exported.io.updates]
     return attrs.evolve(exported, program=program, io=attrs.evolve(exported.io, outputs=(*exported.io.outputs, *extra)))
-
-
-def with_outputs(program: Any, args: list[Any], specs: list[Any], out_spec: Any) -> Any:
-    """``program``'s graph returning ``args`` (``specs`` in its signature, ``out_spec`` the structure), as a new
-    ``ExportedProgram``; the graph is changed in place."""
-    from torch.export.exported_program import ExportedProgram
-    from torch.export.graph_signature import ExportGraphSignature
-
-    output = next(node for node in program.graph.nodes if node.op == "output")
-    output.args = (tuple(args),)
-    program.graph_module.recompile()
-    entries = [
-        dataclasses.replace(entry, signature=dataclasses.replace(entry.signature, out_spec=out_spec))
-        if entry.fqn == "" and entry.signature is not None else entry
-        for entry in program.module_call_graph
-    ]
-    return ExportedProgram(
-        root=program.graph_module,
-        graph=program.graph,
-        graph_signature=ExportGraphSignature(input_specs=program.graph_signature.input_specs, output_specs=specs),
-        state_dict=program.state_dict,
-        range_constraints=program.range_constraints,
-        module_call_graph=entries,
-        constants=program.constants,
-        verifiers=[program.verifier],
-    )
 
 
 def spec_arg(node: Any) -> Any:
