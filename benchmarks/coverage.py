@@ -5,10 +5,19 @@
     python benchmarks/coverage.py --report          # only rewrite docs/coverage.md from the JSON
     python benchmarks/coverage.py --end newest ...  # in the newest end's venv: its own JSON and section
     python benchmarks/coverage.py --cell gemma2,onnx,forward,hfx   # one cell, printed as JSON
+    python benchmarks/coverage.py --census [--tasks causal-lm,ctc] [--force]   # the generated zoo's census
+    python benchmarks/coverage.py --zoo generated [--tasks causal-lm,...] [--shard K/N] [--sample SEED] ...
 
 Each cell (architecture x runtime x {forward, generation} x {hfx, peer}) runs in its own subprocess with a
 timeout. Results accumulate in ``benchmarks/results/coverage.json`` (a cell already there is skipped unless
 ``--force``), so a run can be stopped, resumed and filtered; ``docs/coverage.md`` is rewritten after every cell.
+
+``--zoo generated`` runs the generated zoo (``hfx._zoo_generated``: a tiny config for every model type of
+transformers' auto mappings, per task) instead of the hand-made one: its results go to
+``benchmarks/results/coverage-generated.json`` and their own section of the report. Only types whose census passed
+run; ``--census`` writes the census (``benchmarks/results/zoo-census.json``: each type's tiny config builds and its
+eager forward runs at both shapes), each type in a worker subprocess with a timeout. ``--shard K/N`` runs the K-th
+of N deterministic parts of the planned cells; ``--sample SEED`` only the types ``hfx._zoo_generated.sample`` picks.
 
 Forward: export at batch 2 x sequence 7, compare with eager at batch 3 x sequence 11 (atol 1e-4 + 5e-5 x the output's
 largest magnitude). Generation:
@@ -26,9 +35,12 @@ import fcntl
 import json
 import os
 import platform
+import queue
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,17 +54,40 @@ from benchmarks._coverage_report import write_report  # noqa: E402
 from hfx import zoo  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "coverage.json"
+GENERATED = RESULTS.with_name("coverage-generated.json")
+CENSUS = ROOT / "benchmarks" / "results" / "zoo-census.json"
 REPORT = ROOT / "docs" / "coverage.md"
 
 
 def other_ends(main: Path = RESULTS) -> dict[str, dict[str, Any]]:
     """``{file name: results}`` of the runs on other releases of the window (``coverage-<end>.json`` beside ``main``)."""
-    return {path.name: load_results(path) for path in sorted(main.parent.glob("coverage-*.json"))}
+    return {path.name: load_results(path) for path in sorted(main.parent.glob("coverage-*.json")) if path != GENERATED}
+
+
+def _write_report() -> None:
+    """Rewrite docs/coverage.md from every results file (the hand-made zoo, the other ends, the generated zoo)."""
+    write_report(load_results(), REPORT, other_ends(), generated=load_results(GENERATED), census=load_census())
 
 
 def cell_key(arch: str, runtime: str, kind: str, tool: str) -> str:
     """The JSON key of one cell."""
     return f"{arch},{runtime},{kind},{tool}"
+
+
+def shard(keys: list[str], spec: str | None) -> list[str]:
+    """The ``K``-th of ``N`` parts of ``keys`` for ``spec`` ``"K/N"`` (1-based): every N-th key, so parts take alike.
+
+    Example:
+        >>> shard(["a", "b", "c", "d", "e"], "2/2")
+        ['b', 'd']
+    """
+    if not spec:
+        return keys
+    part, _, parts = spec.partition("/")
+    if not (part.isdigit() and parts.isdigit() and 1 <= int(part) <= int(parts)):
+        msg = f"--shard takes K/N with 1 <= K <= N, got {spec!r}"
+        raise ValueError(msg)
+    return keys[int(part) - 1 :: int(parts)]
 
 
 def planned_cells(archs: list[str], runtimes: list[str], kinds: list[str], tools: list[str]) -> list[str]:
@@ -128,7 +163,7 @@ def _locked_results(path: Path = RESULTS) -> Iterator[dict[str, Any]]:
         results = load_results(path)
         yield results
         save_results(results, path)
-        write_report(results if path == RESULTS else load_results(), REPORT, other_ends())
+        _write_report()
 
 
 def run(keys: list[str], *, jobs: int, timeout: float, path: Path = RESULTS) -> None:
@@ -146,6 +181,99 @@ def run(keys: list[str], *, jobs: int, timeout: float, path: Path = RESULTS) -> 
                                          "versions": versions}
             print(f"{key:<40} {outcome['status']:<5} {outcome.get('wall_s', '')}s {outcome.get('reason', '')}",
                   flush=True)
+
+
+def load_census(path: Path = CENSUS) -> dict[str, Any]:
+    """The stored census of the generated zoo, or an empty one."""
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"types": {}, "runs": []}
+
+
+def census_worker(names: list[str], timeout: float) -> None:
+    """Census each of ``names`` in this process, one JSON line each; a type past ``timeout`` seconds is stopped."""
+    from hfx import _zoo_generated as generated
+
+    def stop(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"census took over {timeout:g} s")
+
+    signal.signal(signal.SIGALRM, stop)
+    for name in names:
+        signal.alarm(max(1, int(timeout)))
+        try:
+            result = generated.census(name)
+        finally:
+            signal.alarm(0)
+        print(json.dumps({name: result}), flush=True)
+
+
+def _census_batch(batch: list[str], timeout: float) -> tuple[dict[str, Any], str]:
+    """Run one worker over ``batch``; its answers, and why it stopped early (when it did).
+
+    A type that takes over ``timeout`` (+ 30 s of start-up) without an answer, in Python or stuck in native code,
+    gets the worker killed, so that one hang costs one timeout.
+    """
+    command = [sys.executable, str(Path(__file__).resolve()), "--census-worker", ",".join(batch),
+               "--timeout", str(timeout)]
+    got: dict[str, Any] = {}
+    lines: queue.Queue[str | None] = queue.Queue()
+    errors = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty worker never blocks on a full pipe
+    with errors, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=ROOT) as worker:
+        def read() -> None:
+            for line in worker.stdout:  # type: ignore[union-attr]
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while len(got) < len(batch):
+            try:
+                line = lines.get(timeout=timeout + 30)
+            except queue.Empty:
+                worker.kill()
+                return got, f"hang: no answer within {timeout:g} s"
+            if line is None:
+                break
+            if line.startswith("{"):
+                with contextlib.suppress(json.JSONDecodeError):
+                    got.update(json.loads(line))
+        worker.wait()
+        errors.seek(0)
+        tail = (errors.read().strip().splitlines() or ["no output"])[-1][:160]
+    return got, f"crash (exit {worker.returncode}): {tail}"
+
+
+def run_census(names: list[str], *, timeout: float, chunk: int = 20) -> dict[str, Any]:
+    """Census ``names`` in worker subprocesses of ``chunk`` types; a crash or hang marks its type and the rest go on.
+
+    The census is saved (atomically) after every worker, so a stopped run resumes where it was.
+    """
+    census = load_census()
+    census["runs"].append({"command": " ".join(["python", "benchmarks/coverage.py", *sys.argv[1:]]),
+                           "started": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": window_versions(),
+                           "types": len(names)})
+    todo = list(names)
+    start = time.perf_counter()
+    while todo:
+        batch, todo = todo[:chunk], todo[chunk:]
+        got, why = _census_batch(batch, timeout)
+        census["types"].update(got)
+        missing = [name for name in batch if name not in got]
+        if missing:  # the first type without an answer stopped the worker; the others run again
+            census["types"][missing[0]] = {"status": "crash", "reason": why}
+            todo = missing[1:] + todo
+        census["runs"][-1]["elapsed_s"] = round(time.perf_counter() - start, 1)
+        save_results(census, CENSUS)
+        print(f"census: {len(names) - len(todo)} / {len(names)}", flush=True)
+    return census
+
+
+def census_counts(census: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """``{task: {status: count}}`` of a census."""
+    counts: dict[str, dict[str, int]] = {}
+    for name, result in census["types"].items():
+        task = counts.setdefault(name.partition(":")[0], {})
+        task[result["status"]] = task.get(result["status"], 0) + 1
+    return counts
 
 
 def _names(value: str | None, default: tuple[str, ...]) -> list[str]:
@@ -166,17 +294,49 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only rewrite docs/coverage.md from the JSON")
     parser.add_argument("--end", help="another end of the tested window (e.g. newest): results go to "
                                       "benchmarks/results/coverage-<end>.json, shown in their own section")
+    parser.add_argument("--zoo", choices=("hand", "generated"), default="hand",
+                        help="the hand-made zoo (default) or the generated one (every type of the auto mappings)")
+    parser.add_argument("--tasks", help="generated zoo: comma-separated tasks (default: all)")
+    parser.add_argument("--shard", help="K/N: run only the K-th of N parts of the planned cells")
+    parser.add_argument("--sample", type=int, help="generated zoo: only the types sample(SEED) picks")
+    parser.add_argument("--census", action="store_true", help="run the generated zoo's census (--tasks, --force)")
+    parser.add_argument("--census-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.cell:
         print(json.dumps(cells.run_cell(*args.cell.split(","))), flush=True)
         return
-    if args.report:
-        write_report(load_results(), REPORT, other_ends())
+    if args.census_worker:
+        census_worker(args.census_worker.split(","), args.timeout)
         return
-    path = RESULTS.with_name(f"coverage-{args.end}.json") if args.end else RESULTS
-    keys = planned_cells(_names(args.only, tuple(zoo.ENTRIES)), _names(args.runtimes, cells.RUNTIMES),
-                         _names(args.kinds, cells.KINDS), _names(args.tools, cells.TOOLS))
+    if args.report:
+        _write_report()
+        return
+    if args.census or args.zoo == "generated":
+        from hfx import _zoo_generated as generated
+
+        tasks = tuple(_names(args.tasks, tuple(t.name for t in generated.TASKS)))
+        every = list(generated.names(tasks))
+    if args.census:
+        known = load_census()["types"]
+        todo = [name for name in every if args.force or name not in known]
+        print(f"census: {len(todo)} types to run ({len(every) - len(todo)} already done)", flush=True)
+        census = run_census(todo, timeout=min(args.timeout, 120.0))
+        for task, found in sorted(census_counts(census).items()):
+            print(f"{task:<24} ok {found.get('ok', 0):>4} / {sum(found.values()):>4}  {found}", flush=True)
+        _write_report()
+        return
+    if args.zoo == "generated":
+        census = load_census()["types"]
+        archs = [name for name in every if census.get(name, {}).get("status") == "ok"]
+        if args.sample is not None:
+            archs = [name for name in generated.sample(args.sample, census_results=census) if name in archs]
+        path = GENERATED
+    else:
+        archs = _names(args.only, tuple(zoo.ENTRIES))
+        path = RESULTS.with_name(f"coverage-{args.end}.json") if args.end else RESULTS
+    keys = shard(planned_cells(archs, _names(args.runtimes, cells.RUNTIMES), _names(args.kinds, cells.KINDS),
+                               _names(args.tools, cells.TOOLS)), args.shard)
     done = load_results(path)["cells"]
     todo = [key for key in keys
             if args.force or key not in done or (args.failed and done[key].get("status") == "fail")]

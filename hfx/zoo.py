@@ -7,6 +7,11 @@ attention, cross-attention, image-token merging ...). ``inputs`` are what ``gene
 ``forward_inputs`` add the decoder tokens a seq2seq forward needs. Used by the tests, the examples,
 the command line's default model and ``benchmarks/coverage.py``.
 
+Besides these hand-made entries, ``entry`` (and so ``build``, ``inputs``, ``forward_inputs``) resolves generated
+names ``<task>:<model_type>`` (``causal-lm:llama``, ``ctc:hubert``): every model type of transformers' auto mappings
+for eleven tasks, its default config shrunk the way transformers' tests do (``hfx._zoo_generated``), made on demand;
+``generated_names`` lists them and ``sample`` picks one runnable type per task for a seed.
+
 Example:
     >>> from hfx import zoo
     >>> model = zoo.build("llama")
@@ -480,11 +485,51 @@ ENTRIES: Mapping[str, ZooEntry] = MappingProxyType(
 
 
 def entry(name: str) -> ZooEntry:
-    """The zoo entry called ``name``; ``KeyError`` lists the known names."""
-    if name not in ENTRIES:
-        msg = f"hfx.zoo has no {name!r}; known: {sorted(ENTRIES)}"
-        raise KeyError(msg)
-    return ENTRIES[name]
+    """The zoo entry called ``name``: a hand-made one, or a generated ``<task>:<model_type>`` one.
+
+    Generated entries (``causal-lm:llama``, ``ctc:hubert`` ...: every model type of transformers' auto mappings for
+    the tasks of ``hfx._zoo_generated.TASKS``) are made when asked for, from the type's default config shrunk the
+    way transformers' tests do; ``KeyError`` lists the known hand-made names.
+
+    Example:
+        >>> entry("causal-lm:gpt2").auto_class
+        'GPT2LMHeadModel'
+    """
+    if name in ENTRIES:
+        return ENTRIES[name]
+    if ":" in name:
+        return _generated_entry(name)
+    msg = f"hfx.zoo has no {name!r}; known: {sorted(ENTRIES)} and generated <task>:<model_type> names"
+    raise KeyError(msg)
+
+
+@functools.cache
+def _generated_entry(name: str) -> ZooEntry:
+    from hfx import _zoo_generated
+
+    return ZooEntry(**_zoo_generated.entry_fields(name))
+
+
+def generated_names(tasks: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The generated entries' names (``<task>:<model_type>``) for ``tasks`` (default: all), from this transformers."""
+    from hfx import _zoo_generated
+
+    return _zoo_generated.names(tasks)
+
+
+def sample(seed: int, *, census_results: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+    """One eager-runnable generated entry per task for ``seed``, rotating with it: what CI runs for that seed.
+
+    ``census_results`` (``{name: {"status": ...}}``) defaults to the stored census
+    (``benchmarks/results/zoo-census.json``); see ``hfx._zoo_generated.sample``.
+
+    Example:
+        >>> sample(0, census_results={"ctc:hubert": {"status": "ok"}, "ctc:sew": {"status": "eager"}})
+        ['ctc:hubert']
+    """
+    from hfx import _zoo_generated
+
+    return _zoo_generated.sample(seed, census_results=census_results)
 
 
 def build(name: str = DEFAULT, *, seed: int = 0) -> torch.nn.Module:

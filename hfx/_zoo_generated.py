@@ -1,0 +1,1059 @@
+"""The generated zoo: a tiny config and inputs for every model type of transformers' auto mappings, per task.
+
+As transformers' own tests do, a type's config is its class's defaults with small sizes passed to every matching
+constructor parameter (``shrink``), sub-configs shrunk the same way; the inputs come from the task and the model
+class's main input (``inputs_for``). Names are ``<task>:<model_type>`` (``causal-lm:llama``); ``hfx.zoo.entry``
+resolves them on demand, nothing is built at import. ``census`` checks one type (the tiny config builds, the eager
+forward runs at two shapes); ``sample`` picks one eager-runnable type per task for a seed.
+
+Example:
+    >>> from hfx import _zoo_generated as generated
+    >>> config = generated.tiny_config("llama")
+    >>> (config.hidden_size, config.num_hidden_layers, config.vocab_size)
+    (32, 2, 256)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+import re
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+import torch
+
+
+@attrs.frozen(kw_only=True)
+class Task:
+    """A task of the generated zoo: the auto mapping it reads, the Auto class that builds it, whether it generates."""
+
+    name: str
+    mapping: str  # a ``*_MAPPING_NAMES`` of ``transformers.models.auto.modeling_auto``
+    auto_class: str
+    generative: bool = False
+
+
+TASKS: tuple[Task, ...] = (
+    Task(name="causal-lm", mapping="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", auto_class="AutoModelForCausalLM",
+         generative=True),
+    Task(name="masked-lm", mapping="MODEL_FOR_MASKED_LM_MAPPING_NAMES", auto_class="AutoModelForMaskedLM"),
+    Task(name="sequence-classification", mapping="MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+         auto_class="AutoModelForSequenceClassification"),
+    Task(name="seq2seq-lm", mapping="MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", auto_class="AutoModelForSeq2SeqLM",
+         generative=True),
+    Task(name="speech-seq2seq", mapping="MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+         auto_class="AutoModelForSpeechSeq2Seq", generative=True),
+    Task(name="ctc", mapping="MODEL_FOR_CTC_MAPPING_NAMES", auto_class="AutoModelForCTC"),
+    Task(name="image-classification", mapping="MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+         auto_class="AutoModelForImageClassification"),
+    Task(name="image-text-to-text", mapping="MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+         auto_class="AutoModelForImageTextToText", generative=True),
+    Task(name="object-detection", mapping="MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",
+         auto_class="AutoModelForObjectDetection"),
+    Task(name="semantic-segmentation", mapping="MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+         auto_class="AutoModelForSemanticSegmentation"),
+    Task(name="feature-extraction", mapping="MODEL_MAPPING_NAMES", auto_class="AutoModel"),
+)
+_TASKS_BY_NAME: Mapping[str, Task] = MappingProxyType({task.name: task for task in TASKS})
+
+
+def task(name: str) -> Task:
+    """The task called ``name``; ``KeyError`` lists the known ones."""
+    if name not in _TASKS_BY_NAME:
+        msg = f"the generated zoo has no task {name!r}; known: {list(_TASKS_BY_NAME)}"
+        raise KeyError(msg)
+    return _TASKS_BY_NAME[name]
+
+
+def task_mapping(name: str) -> Mapping[str, str]:
+    """``{model_type: model class name}`` of task ``name``, read from this transformers' auto mapping.
+
+    Example:
+        >>> task_mapping("causal-lm")["llama"]
+        'LlamaForCausalLM'
+    """
+    from transformers.models.auto import modeling_auto
+
+    classes = getattr(modeling_auto, task(name).mapping)
+    # A type can map to several classes (DeiT with and without its teacher): the first is the Auto class's.
+    return MappingProxyType({t: c[0] if isinstance(c, (tuple, list)) else c for t, c in classes.items()})
+
+
+def names(tasks: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """Every generated entry name ``<task>:<model_type>``, for ``tasks`` (default: all), in mapping order.
+
+    Example:
+        >>> "causal-lm:llama" in names(("causal-lm",))
+        True
+    """
+    return tuple(f"{t}:{model_type}" for t in (tasks or tuple(_TASKS_BY_NAME)) for model_type in task_mapping(t))
+
+
+def split_name(name: str) -> tuple[Task, str]:
+    """``(task, model_type)`` of a generated name; ``KeyError`` when it is not one."""
+    task_name, _, model_type = name.partition(":")
+    if not model_type:
+        msg = f"{name!r} is not a generated zoo name (<task>:<model_type>)"
+        raise KeyError(msg)
+    if model_type not in task_mapping(task_name):
+        msg = f"transformers has no {model_type!r} for task {task_name!r}"
+        raise KeyError(msg)
+    return task(task_name), model_type
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shrinking a config.
+
+WIDTH = 32  # hidden sizes, as transformers' model testers use
+HEADS = 4
+HEAD_DIM = WIDTH // HEADS
+LAYERS = 2
+INTERMEDIATE = 64
+VOCAB = 256
+# Special tokens move to the top of the vocabulary; prompt text stays below them.
+SPECIAL_BLOCK = 32
+TEXT_HIGH = VOCAB - SPECIAL_BLOCK
+IMAGE = 32
+# Pyramid backbones halve the image four or five times: 64 px keeps their last stage at 2 x 2.
+PYRAMID_IMAGE = 64
+PATCH = 8
+POSITIONS = 512
+EXPERTS = 4
+WINDOW = 4
+
+_KV = re.compile(r"(key_value_heads|kv_heads)$")
+_TOKEN = re.compile(r"(token_ids?|token_index|_id|_ids)$")
+_NOT_TOKEN = re.compile(r"^(seed|num_.*|.*_ids_.*)$")
+_LAYER_COUNT = re.compile(r"(layers|^n_layer|^depth|_depth|^num_blocks)$")
+_NOT_LAYER_COUNT = re.compile(r"feat_extract|kv_shared|max_window|feature|conv_pos|timestamp")
+
+
+_WIDTHS = re.compile(
+    r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|dim|d_embed|emb_dim|embedding_dim|embedding_size|"
+    r"word_embed_proj_dim|projection_dim|hidden_dim|proj_dim|projection_size|d_latents)$"
+    r"|(_hidden_size|_hidden_dim|_embed_dim|_proj_dim|_projection_dim|_embedding_dim|condition_dim|_output_dim)$"
+    r"|^hidden_size_|^output_dim$|^projector_input_dim$"
+)
+_CHANNELS = re.compile(r"(out_channels?|_channels|_channel)$")
+_PYRAMID_IMAGE = re.compile(r"^(image_size|pretrain_image_size|img_size|crop_size|max_img_size)$")
+
+
+def _at_most(limit: int) -> Callable[[int], int]:
+    return lambda value: min(value, limit)
+
+
+def _layer_count_rule(value: int) -> int:
+    return min(value, LAYERS)
+
+
+# (pattern on a parameter name, how an int value of it shrinks); the first match wins. Lists are handled apart.
+_SCALAR_RULES: tuple[tuple[re.Pattern[str], Callable[[int], int]], ...] = tuple(
+    (re.compile(pattern), rule) for pattern, rule in (
+        # Layers that share an earlier layer's keys and values need two earlier layers of each kind: none here.
+        (r"kv_shared_layers$", _at_most(0)),
+        # Every k-th layer of another kind (full attention, no RoPE, MoE): k = 2 keeps both kinds in two layers.
+        (r"(interval|period|_pattern|_step|_freq|frequency|layer_group_size)$", _at_most(LAYERS)),
+        (r"layer_offset$", _at_most(LAYERS - 1)),
+        (r"^(n_groups|mamba_n_groups|num_groups)$", _at_most(1)),
+        (_LAYER_COUNT.pattern, _layer_count_rule),
+        (r"vocab_size$|^vocab_size_|_vocab$", _at_most(VOCAB)),
+        (r"(moe|expert).*(intermediate|ffn|hidden)", _at_most(16)),
+        (r"intermediate|ffn|feed_?forward|^d_ff$|^d_inner$|^n_inner$|mlp_dim|^dff$|dim_ff|_ff$",
+         _at_most(INTERMEDIATE)),
+        (r"lora_rank$|_rank$", _at_most(16)),
+        (r"^rotary_dim$", _at_most(HEAD_DIM)),
+        (r"head_dim$|^d_kv$|^kv_channels$|head_size$|d_head$|dim_head$|attention_head_dim$", _at_most(HEAD_DIM)),
+        (r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_routed_experts|n_experts|"
+         r"zero_expert_num)$",
+         _at_most(EXPERTS)),
+        (r"experts_per_tok|^top_k$|^moe_topk$|^moe_k$|experts_per_token|^num_selected_experts$", _at_most(2)),
+        # Detection queries: a top-k over the encoder's tokens of a small image (RT-DETR) needs fewer than them.
+        (r"^(num_queries|num_denoising)$", _at_most(10)),
+        (r"^(n_group|topk_group)$", _at_most(1)),
+        (r"heads$|^n_head$", _at_most(HEADS)),
+        (_WIDTHS.pattern, _at_most(WIDTH)),
+        (_CHANNELS.pattern, _at_most(WIDTH)),
+        # Attention windows counted in patches (Swin's 7) span two patches; windows in pixels (Qwen2.5-VL's 112) stay.
+        (r"^window_size$", lambda value: min(value, 2) if value <= 16 else value),
+        (r"^(max_position_embeddings|n_positions|max_target_positions|n_ctx|max_seq_len|max_sequence_length)$",
+         _at_most(POSITIONS)),
+        (_PYRAMID_IMAGE.pattern, _at_most(IMAGE)),
+        # Image features pooled to a few tokens (Gemma 3: a square number that divides the 4 x 4 patches).
+        (r"(tokens_per_image|^image_seq_length|^num_image_tokens)$", _at_most(4)),
+        (r"^patch_size$", _at_most(PATCH)),
+        (r"^(sliding_window|attention_chunk_size|local_attention|sliding_window_size)$", _at_most(WINDOW)),
+        (r"^(state_size|ssm_state_size|mamba_d_state|d_state)$", _at_most(16)),
+        # Convolutional audio codecs double ``num_filters`` at every downsampling.
+        (r"^num_filters$", _at_most(8)),
+        (r"^num_frames$", _at_most(2)),  # video clips: two frames (one tubelet of two)
+    )
+)
+
+
+# Sizes some configs leave unset by default although their models read them (DeepSeek-V2, dots.llm1 MoE);
+# transformers' testers pass them.
+_WHEN_UNSET: Mapping[str, Any] = MappingProxyType(
+    {"num_experts_per_tok": 2, "n_routed_experts": EXPERTS, "n_shared_experts": 1, "moe_intermediate_size": 16,
+     # Bamba's default has no attention layer, and a cache without one fails (``get_seq_length``).
+     "attn_layer_indices": [LAYERS - 1],
+     # CTC heads (Wav2Vec2-BERT, -Conformer) size their output by it.
+     "vocab_size": VOCAB,
+     # Sequence classifiers find each row's last token by it, ESM masks by it (transformers' testers always pass 0).
+     "pad_token_id": 0,
+     # BLIP-2 and InstructBLIP mark where the query tokens go with it (their processors set it): the lowest id of
+     # the special-token block, which prompt text never draws.
+     "image_token_index": TEXT_HIGH, "image_token_id": TEXT_HIGH}
+)
+
+# Model types whose configs need a value no generic rule gives: (model type -> constructor arguments), each with why.
+OVERRIDES: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    # Its default picks only the last layer, but its segmentation head takes four (as transformers' tests set).
+    "beit": MappingProxyType({"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4]}),
+    # Stage i's drop-path list is indexed by the stage number: a stage needs at least i + 1 blocks.
+    "cvt": MappingProxyType({"depth": [1, 2, 3]}),
+    # Its last convolution's width is ``round_filters(1280)`` (hard-coded), which ``hidden_dim`` must equal.
+    "efficientnet": MappingProxyType({"hidden_dim": 2560}),
+    # Its stem is four stride-2 convolutions whatever ``patch_size`` says: the attention biases need 16.
+    "levit": MappingProxyType({"patch_size": 16}),
+    # GPT-Neo expands ``attention_types`` ([[kinds, repeats]]) to one kind per layer: one global and one local layer.
+    "gpt_neo": MappingProxyType({"attention_types": [[["global", "local"], 1]]}),
+    # Its default is Mamba layers only, and a cache without an attention layer fails (``get_seq_length``).
+    "granitemoehybrid": MappingProxyType({"layer_types": ["linear_attention", "attention"]}),
+    # Axial position embeddings: the two factors' widths sum to the width, the two shape factors multiply to at
+    # least the sequence length.
+    "reformer": MappingProxyType({"axial_pos_embds_dim": [16, 16], "axial_pos_shape": [8, 8]}),
+})
+
+
+def _small_scalar(name: str, value: int) -> int:
+    for pattern, rule in _SCALAR_RULES:
+        if pattern.search(name) and not (rule is _layer_count_rule and _NOT_LAYER_COUNT.search(name)):
+            return rule(value)
+    return value
+
+
+_STAGE_WIDTHS = re.compile(r"(hidden_sizes|embed_dims?|dims|channels|hidden_size|embed_dim|conv_dim|widths|"
+                           r"hidden_dims|_sizes|out_features)(_per_stage)?$")
+_STAGE_DEPTHS = re.compile(r"(depths?|layers|num_blocks|blocks|repeats)(_per_stage)?$")
+_STAGE_HEADS = re.compile(r"heads$")
+
+
+def _small_list(name: str, values: list[int], top: int | None) -> list[int]:
+    """Per-stage lists shrink together: widths by the config's one width map, depths to 1, heads to 2."""
+    name = name.removesuffix("_per_stage")  # SAM 2's Hiera: blocks_per_stage, embed_dim_per_stage ...
+    if _STAGE_HEADS.search(name):
+        return [min(v, 2) for v in values]
+    if _STAGE_DEPTHS.search(name):
+        return [min(v, 1) for v in values]
+    if _STAGE_WIDTHS.search(name) and top is not None:
+        return [_stage_width(v, top) for v in values]
+    return [_small_scalar(name, v) for v in values]  # per-layer sizes (Gemma 3n's intermediate_size)
+
+
+def _stage_lists(config: Any, pattern: re.Pattern[str]) -> list[list[int]]:
+    return [list(v) for f in dataclasses.fields(config) if pattern.search(f.name)
+            for v in [_read(config, f.name)]
+            if isinstance(v, (list, tuple)) and len(v) > 1 and all(_is_int(x) for x in v)]
+
+
+def _widest_stage(config: Any) -> int | None:
+    """The widest entry of the per-stage width lists of ``config`` and its sub-configs (a detector and its backbone
+    share one width map), if over 64."""
+    from transformers import PretrainedConfig
+
+    widths = [max(v) for v in _stage_lists(config, _STAGE_WIDTHS)]
+    widths += [w for f in dataclasses.fields(config) if isinstance(sub := _read(config, f.name), PretrainedConfig)
+               for w in [_widest_stage(_without_timm(sub))] if w is not None]
+    return max(widths) if widths and max(widths) > 64 else None
+
+
+def _stage_width(value: int, top: int) -> int:
+    """One map for every width of a pyramid config and its backbone, so that a stage's output and the next one's
+    input still agree: the widest becomes 64, the others in proportion (multiples of 8, at least 32); 32 and below
+    stay (RGB input, stems that models hard-code, as EfficientNet's 32).
+
+    Example:
+        >>> [_stage_width(v, 2048) for v in (3, 32, 48, 512, 1024, 2048)]
+        [3, 32, 32, 32, 32, 64]
+    """
+    return value if value <= 32 else max(32, math.ceil(value * 64 / top / 8) * 8)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _layer_count(config: Any) -> tuple[str, int] | None:
+    """``(name, value)`` of a config's layer count, for resizing its per-layer lists."""
+    for field in dataclasses.fields(config):
+        value = _read(config, field.name)
+        if _is_int(value) and _LAYER_COUNT.search(field.name) and not _NOT_LAYER_COUNT.search(field.name):
+            return field.name, value
+    return None
+
+
+def _resample(values: list[Any], count: int) -> list[Any]:
+    """``count`` of ``values``: the first of each distinct value first (a pattern keeps its kinds), then the others.
+
+    Example:
+        >>> _resample(["sliding", "sliding", "sliding", "full"] * 3, 2)
+        ['sliding', 'full']
+    """
+    order = sorted(range(len(values)), key=lambda i: (values.index(values[i]) != i, i))
+    return [values[i] for i in sorted(order[:count])]
+
+
+def _spread(indices: list[int], count: int) -> list[int]:
+    """Distinct layer indices, in order, spread over ``count`` layers (as distinct as ``count`` allows).
+
+    Example:
+        >>> _spread([3, 5, 7, 11], 4), _spread([7, 15, 23, 31], 2)
+        ([0, 1, 2, 3], [0, 0, 1, 1])
+    """
+    rank = {v: i for i, v in enumerate(sorted(indices))}
+    top = max(len(indices) - 1, 1)
+    return [round(rank[v] * (count - 1) / top) for v in indices]
+
+
+def _remap_layer_index(value: int, old: int, new: int) -> int:
+    if value < 0 or old <= 1:
+        return value if value < 0 else min(value, new - 1)
+    return round(value * (new - 1) / (old - 1))
+
+
+
+
+def _without_timm(config: Any) -> Any:
+    """A timm backbone's config as transformers' own ResNet backbone with the same feature levels (timm is an extra;
+    transformers' tests of DETR-like detectors use the ResNet too)."""
+    if getattr(config, "model_type", None) != "timm_backbone":
+        return config
+    from transformers import ResNetConfig
+
+    levels = list(getattr(config, "out_indices", None) or [-1])
+    return ResNetConfig(out_indices=[level % 5 for level in levels])
+
+
+def _shrunk_kwargs(config: Any, tokens: Mapping[int, int], top: int | None) -> dict[str, Any]:
+    """The constructor arguments that make ``config`` small: sizes, sub-configs, special tokens (``tokens``)."""
+    from transformers import PretrainedConfig
+
+    kwargs: dict[str, Any] = {}
+    fields = [f for f in dataclasses.fields(config) if f.init and f.name not in ("transformers_version", "dtype")]
+    pyramid = bool(_stage_lists(config, _STAGE_WIDTHS) or _stage_lists(config, _STAGE_DEPTHS))
+    own_top = top if _stage_lists(config, _STAGE_WIDTHS) else None  # the tree's map, where this config has stages
+    for field in fields:
+        value = _read(config, field.name)
+        if isinstance(value, PretrainedConfig):
+            kwargs[field.name] = _shrink(_without_timm(value), tokens, top)
+        elif _FEATURE_LAYER.search(field.name) and (_is_int(value) or isinstance(value, (list, tuple))):
+            small = _feature_layers(value)
+            if small != value:
+                kwargs[field.name] = small
+        elif _is_token(field.name, value):
+            is_list = isinstance(value, (list, tuple))
+            small = type(value)(tokens.get(v, v) for v in value) if is_list else tokens.get(value, value)
+            if small != value:
+                kwargs[field.name] = small
+        elif _is_int(value) and pyramid and _PYRAMID_IMAGE.search(field.name):
+            kwargs[field.name] = min(value, PYRAMID_IMAGE)
+        elif _is_int(value):
+            in_pyramid = own_top is not None and (_WIDTHS.search(field.name) or _CHANNELS.search(field.name))
+            small = _stage_width(value, own_top) if in_pyramid else _small_scalar(field.name, value)
+            if small != value:
+                kwargs[field.name] = small
+        elif isinstance(value, (list, tuple)) and value and all(_is_int(v) for v in value):
+            small_list = _small_list(field.name, list(value), own_top)
+            if small_list != list(value):
+                kwargs[field.name] = type(value)(small_list)
+        elif field.name == "use_timm_backbone" and value:
+            kwargs[field.name] = False  # transformers' own backbone (timm is an extra)
+        elif value is None and field.name in _WHEN_UNSET:
+            kwargs[field.name] = _WHEN_UNSET[field.name]
+        elif field.name == "use_pretrained_backbone" and value:
+            kwargs[field.name] = False  # never download a backbone
+    _fit_heads(config, kwargs)
+    _fit_head_dims(config, kwargs)
+    _fit_layers(config, fields, kwargs)
+    return kwargs
+
+
+def _now(config: Any, kwargs: Mapping[str, Any], name: str) -> Any:
+    """A parameter's value after shrinking: the new one if it changes, else the config's."""
+    return kwargs[name] if name in kwargs else _read(config, name)
+
+
+def _fit_head_dims(config: Any, kwargs: dict[str, Any]) -> None:
+    """Head sizes that other sizes determine: ``head_dim`` = width / heads, MLA's ``qk_head_dim``, Mamba 2's heads
+    times head size = expand x width, M-RoPE sections that fill half a head."""
+    names = {f.name for f in dataclasses.fields(config)}
+    width, heads = _now(config, kwargs, "hidden_size"), _now(config, kwargs, "num_attention_heads")
+    if "head_dim" in names and _is_int(width) and _is_int(heads) and heads and "qk_nope_head_dim" not in names:
+        kwargs["head_dim"] = max(width // heads, 2)
+    if "num_key_value_heads" in names and _now(config, kwargs, "num_key_value_heads") is None and _is_int(heads):
+        kwargs["num_key_value_heads"] = heads  # the models read None as "as many as the query heads"
+    if {"qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim"} <= names:
+        kwargs["qk_head_dim"] = _now(config, kwargs, "qk_nope_head_dim") + _now(config, kwargs, "qk_rope_head_dim")
+    for prefix in ("mamba_", ""):
+        expand = _now(config, kwargs, f"{prefix}expand")
+        count = next((n for n in (f"{prefix}n_heads", f"{prefix}num_heads") if _is_int(_now(config, kwargs, n))), None)
+        size = next((n for n in (f"{prefix}d_head", f"{prefix}head_dim") if n in names), None)
+        heads = _now(config, kwargs, count) if count else None
+        if _is_int(expand) and _is_int(width) and heads and size and (expand * width) % heads == 0:
+            kwargs[size] = expand * width // heads
+            if _is_int(_now(config, kwargs, f"{prefix}d_ssm")):  # Falcon-H1's explicit Mamba width
+                kwargs[f"{prefix}d_ssm"] = expand * width
+            break
+    rope = _read(config, "rope_parameters")
+    head = _now(config, kwargs, "head_dim") or (width // heads if _is_int(width) and _is_int(heads) and heads else None)
+    if isinstance(rope, Mapping) and isinstance(rope.get("mrope_section"), (list, tuple)) and _is_int(head):
+        kwargs["rope_parameters"] = {**rope, "mrope_section": _split(head // 2, rope["mrope_section"])}
+
+
+def _split(total: int, parts: list[int]) -> list[int]:
+    """``total`` split in ``len(parts)`` positive parts, in proportion to ``parts``.
+
+    Example:
+        >>> _split(4, [16, 24, 24])
+        [1, 1, 2]
+    """
+    shares = [max(1, total * p // sum(parts)) for p in parts]
+    shares[-1] += total - sum(shares)
+    return shares
+
+
+def _fit_heads(config: Any, kwargs: dict[str, Any]) -> None:
+    """Key-value heads keep their kind (as many as the query heads, one, or a group) and divide the query heads."""
+    for field in dataclasses.fields(config):
+        old_kv = _read(config, field.name)
+        if not (_is_int(old_kv) and _KV.search(field.name)):
+            continue
+        prefix = field.name[: _KV.search(field.name).start()]
+        heads_name = next((n for n in (f"{prefix}attention_heads", f"{prefix}heads", "num_attention_heads")
+                           if _is_int(_read(config, n))), None)
+        if heads_name is None:
+            kwargs[field.name] = min(old_kv, 2)
+            continue
+        old_heads = _read(config, heads_name)
+        heads = kwargs.get(heads_name, old_heads)
+        kwargs[field.name] = heads if old_kv >= old_heads else (1 if old_kv == 1 else math.gcd(2, heads))
+
+
+_INDEX = re.compile(r"layers?|indexes|indices|idx")
+# A multimodal config's index into its vision tower's hidden states (LLaVA's ``vision_feature_layer``).
+_FEATURE_LAYER = re.compile(r"feature_layers?$")
+
+
+def _feature_layers(value: Any) -> Any:
+    """Indices into a shrunk tower's layers, clamped into its ``LAYERS`` layers (from either end)."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_feature_layers(v) for v in value)
+    return max(min(value, LAYERS - 1), -LAYERS) if _is_int(value) else value
+
+
+def _fit_layers(config: Any, fields: list[dataclasses.Field[Any]], kwargs: dict[str, Any]) -> None:
+    """Per-layer lists (``layer_types`` too) resized to the new layer count; layer indices moved into it."""
+    found = _layer_count(config)
+    if found is None:
+        return
+    name, old = found
+    new = kwargs.get(name, old)
+    if new == old:
+        return
+    indices = {f.name: v for f in fields if _INDEX.search(f.name) and not _is_token(f.name, v := _read(config, f.name))
+               and isinstance(v, (list, tuple)) and v and all(_is_int(x) and 0 <= x < old for x in v)
+               and len(set(v)) == len(v) and len(v) < old}
+    # Distinct layers picked out (DPT's and BEiT's four feature layers) stay distinct: up to 4 layers kept for them.
+    new = kwargs[name] = min(max([new, *(len(v) for v in indices.values())]), max(old, new), 4) if indices else new
+    for field in fields:
+        value = kwargs.get(field.name, _read(config, field.name))
+        if field.name == name or _is_token(field.name, value):
+            continue
+        if isinstance(value, (list, tuple)) and len(value) == old:
+            kwargs[field.name] = type(value)(_resample(list(value), new))
+        elif field.name in indices:
+            kwargs[field.name] = type(value)(_spread(list(value), new))
+        elif "layer" in field.name and _is_int(value) and value >= new and not _has_rule(field.name):
+            kwargs[field.name] = _remap_layer_index(value, old, new)
+
+
+def _fit_backbone(config: Any, fresh: Any, kwargs: dict[str, Any]) -> None:
+    """A backbone's ``out_indices`` (not a dataclass field) kept when a parent chose them (RT-DETR's last three
+    stages), moved into the new layer count for a layer-based backbone (DINOv2 under DPT)."""
+    chosen = vars(config).get("_out_indices")
+    if not chosen or chosen == vars(fresh).get("_out_indices") or "out_indices" in kwargs:
+        return
+    found = _layer_count(config)
+    if found is not None and kwargs.get(found[0], found[1]) != found[1] and all(_is_int(i) and i > 0 for i in chosen):
+        name, old = found
+        new = kwargs[name] = min(max(kwargs[name], len(chosen)), old, 4)
+        chosen = [i + 1 for i in _spread([i - 1 for i in chosen], new)]
+    kwargs["out_indices"] = list(chosen)
+
+
+def _has_rule(name: str) -> bool:
+    return any(pattern.search(name) for pattern, _ in _SCALAR_RULES)
+
+
+def _is_token(name: str, value: Any) -> bool:
+    if not _TOKEN.search(name) or _NOT_TOKEN.search(name):
+        return False
+    return _is_int(value) or (isinstance(value, (list, tuple)) and bool(value) and all(_is_int(v) for v in value))
+
+
+def _special_tokens(config: Any) -> set[int]:
+    """Every special-token id (>= 3) of ``config`` and its sub-configs."""
+    from transformers import PretrainedConfig
+
+    found: set[int] = set()
+    for field in dataclasses.fields(config):
+        value = _read(config, field.name)
+        if isinstance(value, PretrainedConfig):
+            found |= _special_tokens(value)
+        elif _is_token(field.name, value):
+            found |= {v for v in (value if isinstance(value, (list, tuple)) else [value]) if v >= 3}
+    return found
+
+
+def _token_map(config: Any) -> dict[int, int]:
+    """Special-token ids to distinct ids at the top of the small vocabulary, in order (one id, one place)."""
+    ids = sorted(_special_tokens(config))
+    if len(ids) > SPECIAL_BLOCK:
+        msg = f"{len(ids)} distinct special tokens do not fit the top {SPECIAL_BLOCK} ids of a {VOCAB}-token vocabulary"
+        raise ValueError(msg)
+    return {old: VOCAB - len(ids) + index for index, old in enumerate(ids)}
+
+
+def _shrink(config: Any, tokens: Mapping[int, int], top: int | None,
+            overrides: Mapping[str, Any] = MappingProxyType({})) -> Any:
+    from transformers import PretrainedConfig
+
+    kwargs = _shrunk_kwargs(config, tokens, top)
+    fresh = type(config)()
+    _fit_backbone(config, fresh, kwargs)
+    kwargs.update(overrides)
+    kept = {}
+    for field in dataclasses.fields(config):
+        if not field.init or field.name in kwargs or field.name == "transformers_version":
+            continue
+        # A value that differs from a fresh default's was chosen by the caller or set by a parent config
+        # (a detector's backbone ``out_indices``); the others the constructor derives again from the new sizes.
+        value, default = _read(config, field.name), _read(fresh, field.name)
+        if value is not None and not isinstance(value, PretrainedConfig) and (
+            type(value) is not type(default) or value != default
+        ):
+            kept[field.name] = value
+    return type(config)(**{**kept, **kwargs})
+
+
+def shrink(config: Any, /, *, overrides: Mapping[str, Any] | None = None) -> Any:
+    """A small copy of ``config``: its class built with small values for every size parameter it has.
+
+    Widths become 32, layers 2, heads 4 (key-value heads keep their kind), feed-forward sizes 64, vocabularies 256,
+    positions 512, images 32 px in patches of at most 8, experts 4 (2 per token), sliding windows 4; per-stage lists
+    (pyramid widths, depths, heads) shrink together; per-layer lists follow the new layer count; sub-configs shrink
+    the same way; special-token ids move to the top of the vocabulary. Derived values (``head_dim`` left ``None``,
+    ``layer_types``) are left to the constructor, which recomputes them.
+
+    Args:
+        config: a transformers config (any ``PretrainedConfig``); it is not changed.
+        overrides: constructor arguments of the top config that replace the shrunk ones (``OVERRIDES``).
+
+    Returns:
+        A new config of the same class.
+
+    Raises:
+        ValueError: the config's own validation rejects the small values (from the constructor).
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> small = shrink(LlamaConfig())
+        >>> (small.hidden_size, small.head_dim, small.num_key_value_heads, small.eos_token_id)
+        (32, 8, 4, 2)
+    """
+    return _shrink(config, _token_map(config), _widest_stage(config), overrides or {})
+
+
+def tiny_config(model_type: str, /) -> Any:
+    """``shrink`` of the default config of ``model_type``.
+
+    Example:
+        >>> tiny_config("gpt2").n_embd
+        32
+    """
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return shrink(CONFIG_MAPPING[model_type](), overrides=OVERRIDES.get(model_type, {}))
+
+
+def task_config(name: str, /) -> Any:
+    """The tiny config generated entry ``name`` builds its model from.
+
+    ``tiny_config`` of its type, or the sub-config of it that the task's model class takes (MusicGen's causal LM
+    takes the decoder's); a causal LM's config says ``is_decoder`` where it has the flag (BERT-like models), as
+    transformers' tests set it.
+
+    Example:
+        >>> type(task_config("causal-lm:musicgen")).__name__
+        'MusicgenDecoderConfig'
+    """
+    from transformers import PretrainedConfig
+
+    spec, model_type = split_name(name)
+    config = tiny_config(model_type)
+    wanted = getattr(model_class(name), "config_class", None)
+    if isinstance(wanted, type) and not isinstance(config, wanted):
+        config = next((v for v in (_read(config, f.name) for f in dataclasses.fields(config))
+                       if isinstance(v, PretrainedConfig) and isinstance(v, wanted)), config)
+    if spec.name == "causal-lm" and "is_decoder" in {f.name for f in dataclasses.fields(config)}:
+        config.is_decoder = True
+    text = _text_config(config)
+    if _reads_mrope(model_class(name)) or _reads_mrope(_base_class(text)):
+        _fit_mrope(text)
+    return config
+
+
+def _base_class(config: Any) -> type | None:
+    """The base model class of ``config``'s type (what a composite model builds its text part with)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    found = MODEL_MAPPING_NAMES.get(getattr(config, "model_type", ""))
+    found = found[0] if isinstance(found, (tuple, list)) else found
+    return getattr(transformers, found, None) if found else None
+
+
+@functools.cache
+def _reads_mrope(cls: type | None) -> bool:
+    """Whether a model's modeling code reads multimodal RoPE sections (the Qwen2-VL and GLM-4V families)."""
+    return cls is not None and "mrope_section" in inspect.getsource(inspect.getmodule(cls))
+
+
+def _fit_mrope(text: Any) -> None:
+    """Multimodal RoPE sections that fill half the rotary part of a head: the modeling code of the Qwen2-VL family
+    defaults them to [16, 24, 24], for 128-wide heads, when the config names none."""
+    rope = _read(text, "rope_parameters")
+    width, heads = _read(text, "hidden_size"), _read(text, "num_attention_heads")
+    head = _read(text, "head_dim") or (width // heads if _is_int(width) and _is_int(heads) and heads else None)
+    if isinstance(rope, Mapping) and "mrope_section" not in rope and _is_int(head):
+        rotary = int(head * (rope.get("partial_rotary_factor") or _read(text, "partial_rotary_factor") or 1.0))
+        text.rope_parameters = {**rope, "mrope_section": _split(max(rotary // 2, 3), [16, 24, 24])}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inputs.
+
+
+def model_class(name: str, /) -> Any:
+    """The transformers model class the task's Auto class builds for a generated name."""
+    import transformers
+
+    spec, model_type = split_name(name)
+    return getattr(transformers, task_mapping(spec.name)[model_type])
+
+
+def _find(config: Any, *attributes: str) -> Any:
+    """The first of ``attributes`` set on ``config`` or, breadth first, on its sub-configs; ``None`` when none is."""
+    from transformers import PretrainedConfig
+
+    queue = [config]
+    while queue:
+        current = queue.pop(0)
+        for attribute in attributes:
+            value = _read(current, attribute)
+            if value is not None:
+                return value
+        subs = (_read(current, f.name) for f in dataclasses.fields(current))
+        queue += [v for v in subs if isinstance(v, PretrainedConfig)]
+    return None
+
+
+def _read(config: Any, attribute: str) -> Any:
+    """``config.<attribute>`` or ``None``; per-layer attributes of heterogeneous configs read as their global value."""
+    try:
+        return getattr(config, attribute, None)
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        return vars(config).get(attribute)
+
+
+def _generator(batch: int, sequence: int, salt: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(batch * 1000 + sequence + salt)
+
+
+def _text_config(config: Any) -> Any:
+    try:
+        return config.get_text_config(decoder=True)
+    except (AttributeError, ValueError):
+        return config
+
+
+def _tokens(config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    """Token ids below the special tokens, with a left-padded first row (when batch > 1), so masks matter."""
+    vocab = _read(_text_config(config), "vocab_size") or _find(config, "vocab_size") or VOCAB
+    ids = torch.randint(3, max(4, min(vocab, TEXT_HIGH)), (batch, sequence), generator=_generator(batch, sequence))
+    mask = torch.ones(batch, sequence, dtype=torch.long)
+    if batch > 1 and sequence > 2:
+        mask[0, : sequence // 3] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _side(value: Any) -> tuple[int, int]:
+    if isinstance(value, (list, tuple)):
+        return int(value[0]), int(value[-1])
+    if isinstance(value, Mapping):
+        return int(value.get("height", IMAGE)), int(value.get("width", IMAGE))
+    return int(value), int(value)
+
+
+def _pixels(config: Any, batch: int, *, video: bool = False) -> torch.Tensor:
+    """Random images at the config's image size (32 px when it names none), channels first; with ``video``, clips
+    of the config's ``num_frames`` frames (VideoMAE, ViViT), when it counts them."""
+    height, width = _side(_find(config, "image_size", "img_size") or IMAGE)
+    channels = _find(config, "num_channels", "in_channels", "in_chans") or 3
+    frames = _find(config, "num_frames") if video else None
+    shape = (batch, frames, channels, height, width) if _is_int(frames) else (batch, channels, height, width)
+    return torch.randn(*shape, generator=_generator(batch, 0, salt=1))
+
+
+def _waveform_length(config: Any, frames: int) -> int:
+    """Samples that the convolutional feature encoder turns into ``frames`` frames (kernels and strides inverted)."""
+    kernels, strides = _find(config, "conv_kernel"), _find(config, "conv_stride")
+    if not (isinstance(kernels, (list, tuple)) and isinstance(strides, (list, tuple))):
+        return 320 * frames + 80
+    length = frames
+    for kernel, stride in reversed(list(zip(kernels, strides, strict=False))):
+        length = (length - 1) * stride + kernel
+    return length
+
+
+def _features(config: Any, batch: int, sequence: int) -> torch.Tensor:
+    """Log-mel-like features: Whisper-like encoders take exactly ``2 * max_source_positions`` frames, channels first."""
+    bins = _find(config, "feature_projection_input_dim", "num_mel_bins", "input_feat_per_channel", "feature_size",
+                 "n_mels", "input_dim") or 80
+    positions = _find(config, "max_source_positions")
+    generator = _generator(batch, sequence, salt=2)
+    if positions is not None and _find(config, "num_mel_bins") is not None:
+        return torch.randn(batch, bins, 2 * positions, generator=generator)
+    return torch.randn(batch, 8 * sequence + 16, bins, generator=generator)
+
+
+# How images reach a model, tried in order: channels-first batches, the same with each image's size (LLaVA-NeXT,
+# Pixtral), one image axis more (Idefics 3: batch x images x C x H x W); or flattened patches with a (t, h, w)
+# grid per image (the Qwen2-VL family, when the model takes ``image_grid_thw``).
+_LAYOUTS = ("images", "images+sizes", "images-per-prompt")
+
+
+def _image_inputs(name: str, config: Any, batch: int, layout: str) -> dict[str, torch.Tensor]:
+    """The image inputs the model's forward takes, for ``batch`` prompts of one image each, in ``layout``."""
+    accepted = inspect.signature(model_class(name).forward).parameters
+    if {"image_grid_thw", "grid_thw"} & set(accepted):
+        vision = _read(config, "vision_config") or config
+        patch, merge = _read(vision, "patch_size") or PATCH, _read(vision, "spatial_merge_size") or 1
+        temporal = _read(vision, "temporal_patch_size") or 1
+        channels = _read(vision, "in_channels") or _read(vision, "num_channels") or 3
+        side = max(merge, _side(_read(vision, "image_size") or IMAGE)[0] // patch // merge * merge)
+        patches = torch.randn(batch * side * side, channels * temporal * patch * patch,
+                              generator=_generator(batch, 0, salt=1))
+        return {"pixel_values": patches, "image_grid_thw": torch.tensor([[1, side, side]] * batch)}
+    pixels = _pixels(config, batch)
+    values = {"pixel_values": pixels[:, None] if layout == "images-per-prompt" else pixels}
+    if layout == "images+sizes":
+        values["image_sizes"] = torch.tensor([list(pixels.shape[-2:])] * batch)
+    return values
+
+
+@functools.cache
+def _image_plan(name: str) -> tuple[str, int]:
+    """``(layout, tokens)``: the image layout the model's ``get_image_features`` accepts (tried in ``_LAYOUTS``
+    order) and how many features it gives one image, which is how many placeholder tokens a prompt needs; the
+    config's ``num_query_tokens`` when the method cannot be called alone (InstructBLIP's needs the instruction)."""
+    config = task_config(name)
+    torch.manual_seed(0)
+    model = model_class(name)(config).eval()
+    owner = next((m for m in (getattr(model, "model", None), model) if hasattr(m, "get_image_features")), None)
+    failures: list[Exception] = []
+    if owner is None:
+        failures.append(NotImplementedError(f"{type(model).__name__} has no get_image_features to count image tokens"))
+    accepted = inspect.signature(owner.get_image_features).parameters if owner is not None else {}
+    for layout in _LAYOUTS:
+        values = _image_inputs(name, config, 1, layout)
+        if not set(values) <= set(accepted):
+            continue
+        try:
+            with torch.no_grad():
+                output = owner.get_image_features(**values)
+        except (ValueError, RuntimeError, TypeError, IndexError) as exc:
+            failures.append(exc)
+            continue
+        features = getattr(output, "pooler_output", None)
+        features = output if features is None else features
+        parts = features if isinstance(features, (list, tuple)) else [features]
+        return layout, sum(f.reshape(-1, f.shape[-1]).shape[0] for f in parts)
+    stated = _find(config, "num_query_tokens")  # InstructBLIP: the Q-Former's queries, one token each
+    if _is_int(stated):
+        return _LAYOUTS[0], stated
+    raise failures[0]
+
+
+def _image_prompt(name: str, config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    """An image and a prompt: the image's placeholder tokens (as many as the vision tower gives one image, between
+    the vision start and end tokens where the config has them), then text; row 0 left-padded when batch > 1."""
+    image = _find(config, "image_token_id", "image_token_index")
+    if image is None:
+        msg = "the config names no image token (image_token_id / image_token_index)"
+        raise NotImplementedError(msg)
+    layout, count = _image_plan(name)
+    block = [image] * count
+    start, end = _find(config, "vision_start_token_id"), _find(config, "vision_end_token_id")
+    if _is_int(start) and _is_int(end):
+        block = [start, *block, end]
+    text = _tokens(config, batch, sequence)
+    ids = torch.cat([torch.tensor([block] * batch), text["input_ids"]], dim=1)
+    mask = torch.ones_like(ids)
+    pad = min(2, sequence - 1) if batch > 1 else 0
+    if pad:
+        ids[0] = torch.cat([torch.zeros(pad, dtype=ids.dtype), ids[0, :-pad]])
+        mask[0, :pad] = 0
+    values = {"input_ids": ids, "attention_mask": mask, **_image_inputs(name, config, batch, layout)}
+    accepted = inspect.signature(model_class(name).forward).parameters
+    if "mm_token_type_ids" in accepted:  # where M-RoPE puts the image's (t, h, w) positions
+        values["mm_token_type_ids"] = (ids == image).long()
+    if "qformer_input_ids" in accepted:  # InstructBLIP: the instruction, for the Q-Former too
+        qformer = _tokens(_read(config, "qformer_config") or config, batch, sequence)
+        values.update(qformer_input_ids=qformer["input_ids"], qformer_attention_mask=qformer["attention_mask"])
+    return values
+
+
+def _main_inputs(name: str, config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    """The model class's main input (``main_input_name``) built for the config, plus its attention mask."""
+    cls = model_class(name)
+    main = cls.main_input_name
+    accepted = inspect.signature(cls.forward).parameters
+    if main == "inputs":  # Perceiver: one input whatever the modality, the task's
+        modality = _TASK_INPUT.get(split_name(name)[0].name, "input_ids")
+        values = _main_inputs_of(name, config, batch, sequence, modality, video=False)
+        values["inputs"] = values.pop(modality)
+        return {k: v for k, v in values.items() if k in accepted}
+    return {k: v for k, v in _main_inputs_of(name, config, batch, sequence, main).items()
+            if k in accepted or k == main}
+
+
+# The modality of a task whose model class takes a generic ``inputs`` (Perceiver).
+_TASK_INPUT: Mapping[str, str] = MappingProxyType({
+    "image-classification": "pixel_values", "ctc": "input_values", "speech-seq2seq": "input_values",
+})
+
+
+def _main_inputs_of(name: str, config: Any, batch: int, sequence: int, main: str, *,
+                    video: bool = True) -> dict[str, torch.Tensor]:
+    accepted = inspect.signature(model_class(name).forward).parameters
+    image = _find(config, "image_token_id", "image_token_index")
+    prompts = main == "input_ids" or (main == "pixel_values" and "input_ids" in accepted)
+    if prompts and "pixel_values" in accepted and image is not None:
+        return _image_prompt(name, config, batch, sequence)
+    needs_text = "input_ids" in accepted and accepted["input_ids"].default is inspect.Parameter.empty
+    if main == "pixel_values" and (needs_text or (split_name(name)[0].name == "image-text-to-text"
+                                                  and "input_ids" in accepted)):
+        # BLIP-2-like: the image's query tokens go before the prompt's embeddings, no placeholder in the ids;
+        # Grounding DINO: the text names what to detect.
+        values = {**_tokens(config, batch, sequence), "pixel_values": _pixels(config, batch)}
+        if "qformer_input_ids" in accepted:  # InstructBLIP: the instruction, for the Q-Former too
+            qformer = _tokens(_read(config, "qformer_config") or config, batch, sequence)
+            values.update(qformer_input_ids=qformer["input_ids"], qformer_attention_mask=qformer["attention_mask"])
+        return values
+    if main == "input_ids":
+        values = _tokens(config, batch, sequence)
+        eos = _find(config, "eos_token_id")
+        classifies = split_name(name)[0].name == "sequence-classification"
+        if classifies and _read(config, "is_encoder_decoder") and _is_int(eos):
+            values["input_ids"][:, -1] = eos  # BART-like classifiers read each row's last end-of-sequence token
+        if split_name(name)[0].name == "feature-extraction" and "pixel_values" in accepted:
+            values["pixel_values"] = _pixels(config, batch)  # dual encoders (CLIP, ALIGN): text and image
+    elif main == "pixel_values" and {"grid_thw", "image_grid_thw"} & set(accepted):
+        values = _image_inputs(name, config, batch, "images")  # a packed-patch vision tower (Qwen2-VL-like)
+        if "grid_thw" in accepted:
+            values["grid_thw"] = values.pop("image_grid_thw")
+    elif main == "pixel_values":
+        values = {"pixel_values": _pixels(config, batch, video=video)}
+    elif main == "input_values":
+        samples = _waveform_length(config, sequence)
+        channels = _find(config, "audio_channels")  # audio codecs (EnCodec, Mimi) take channels x samples
+        shape = (batch, channels, samples) if _is_int(channels) else (batch, samples)
+        values = {"input_values": torch.randn(*shape, generator=_generator(batch, sequence, salt=3))}
+    elif main == "input_features":
+        values = {"input_features": _features(config, batch, sequence)}
+    else:
+        msg = f"{model_class(name).__name__} takes {main!r} first: the generic builder makes input_ids, " \
+              "pixel_values, input_values and input_features"
+        raise NotImplementedError(msg)
+    return values
+
+
+def generate_inputs(name: str, config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    """What ``generate`` (or one forward of a non-generative model) takes for generated entry ``name``."""
+    return _main_inputs(name, config, batch, sequence)
+
+
+def forward_inputs(name: str, config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    """One forward call's inputs: ``generate_inputs`` plus ``decoder_input_ids`` for an encoder-decoder."""
+    values = _main_inputs(name, config, batch, sequence)
+    accepted = inspect.signature(model_class(name).forward).parameters
+    # BART-like sequence classifiers make their decoder's inputs from the input ids and read its last end token.
+    classifies = split_name(name)[0].name == "sequence-classification"
+    if "decoder_input_ids" in accepted and _read(config, "is_encoder_decoder") and not classifies:
+        decoder = _text_config(config)
+        vocab = _read(decoder, "vocab_size") or VOCAB
+        ids = torch.randint(3, max(4, min(vocab, TEXT_HIGH)), (batch, sequence // 2 + 1),
+                            generator=_generator(batch, sequence, salt=4))
+        start = next((v for v in (_find(config, "decoder_start_token_id"), _find(config, "pad_token_id"),
+                                  _find(config, "bos_token_id")) if _is_int(v)), 0)
+        ids[:, 0] = start
+        values["decoder_input_ids"] = ids
+    return values
+
+
+def entry_fields(name: str, /) -> Mapping[str, Any]:
+    """The fields of ``hfx.zoo.ZooEntry`` for generated entry ``name`` (``<task>:<model_type>``).
+
+    Raises:
+        KeyError: ``name`` is not a task and a model type of that task in this transformers.
+
+    Example:
+        >>> fields = entry_fields("causal-lm:llama")
+        >>> (fields["family"], fields["auto_class"], fields["generative"])
+        ('causal-lm', 'LlamaForCausalLM', True)
+    """
+    spec, _ = split_name(name)
+    return MappingProxyType({
+        # The concrete class, not the task's Auto class: a type whose config class the Auto mapping does not key
+        # (a decoder sub-config) builds the same way.
+        "name": name, "family": spec.name, "auto_class": task_mapping(spec.name)[split_name(name)[1]],
+        "generative": spec.generative, "config": functools.partial(task_config, name),
+        "inputs": functools.partial(generate_inputs, name),
+        "forward": functools.partial(forward_inputs, name),
+    })
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Census and sample.
+
+CENSUS_SHAPES = ((2, 7), (3, 11))  # (batch, sequence): the coverage cells' capture and check shapes
+MAX_PARAMETERS = 5_000_000
+
+
+def _reason(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    if not first and exc.__cause__ is not None:
+        return _reason(exc.__cause__)
+    return f"{type(exc).__name__}: {first}"[:200]
+
+
+def _first_tensor(outputs: Any) -> torch.Tensor | None:
+    if isinstance(outputs, Mapping):
+        values = list(outputs.values())
+    else:
+        values = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value
+        if isinstance(value, (tuple, list, Mapping)) and (found := _first_tensor(value)) is not None:
+            return found
+    return None
+
+
+def census(name: str, /) -> dict[str, Any]:
+    """Whether generated entry ``name`` builds small and runs eagerly at both census shapes, and why not.
+
+    Steps: the tiny config builds; the model (counted on the meta device first) has at most ``MAX_PARAMETERS``
+    parameters and builds; its inputs build; the eager forward runs at (batch 2, sequence 7) and (3, 11) and gives
+    finite floats. A failure stops at its step.
+
+    Returns:
+        ``{"status": "ok" | "config" | "build" | "inputs" | "eager", "reason": ..., "parameters": ...,
+        "inputs": [input names], "seconds": ...}`` (``reason`` only when not ok).
+
+    Example:
+        >>> census("causal-lm:llama")["status"]
+        'ok'
+    """
+    start = time.perf_counter()
+    result: dict[str, Any] = {"status": "config"}
+    try:
+        config = task_config(name)
+        result["status"] = "build"
+        cls = model_class(name)
+        with torch.device("meta"):
+            parameters = sum(p.numel() for p in cls(config).parameters())
+        result["parameters"] = parameters
+        if parameters > MAX_PARAMETERS:
+            msg = f"{parameters} parameters: a size the shrinker does not reach"
+            raise ValueError(msg)
+        torch.manual_seed(0)
+        model = cls(config).eval()
+        for batch, sequence in CENSUS_SHAPES:
+            result["status"] = "inputs"
+            values = forward_inputs(name, config, batch, sequence)
+            result["inputs"] = sorted(values)  # what the forward ran with (an image-text type may take text only)
+            result["status"] = "eager"
+            with torch.no_grad():
+                first = _first_tensor(model(**values))
+            if first is not None and not torch.isfinite(first).all():
+                msg = f"non-finite output at batch {batch}, sequence {sequence}"
+                raise FloatingPointError(msg)
+        result["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - the census records any failure as data
+        result["reason"] = _reason(exc)
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    return result
+
+
+CENSUS_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "zoo-census.json"
+
+
+def runnable(census_results: Mapping[str, Mapping[str, Any]], task_name: str, /) -> tuple[str, ...]:
+    """The names of ``task_name`` whose census is ok, sorted."""
+    return tuple(sorted(name for name, result in census_results.items()
+                        if name.startswith(f"{task_name}:") and result.get("status") == "ok"))
+
+
+def sample(seed: int, /, *, census_results: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+    """One eager-runnable generated entry per task, rotating with ``seed``: what CI runs for that seed.
+
+    Over consecutive seeds each task walks through all of its runnable types (sorted), from a start that differs
+    between tasks. Tasks with no runnable type are left out.
+
+    Args:
+        seed: any integer; the same seed gives the same sample.
+        census_results: ``{name: census(name)}``; by default the stored census
+            (``benchmarks/results/zoo-census.json``, written by ``benchmarks/coverage.py --census``).
+
+    Returns:
+        Entry names, in task order.
+
+    Raises:
+        FileNotFoundError: no census given and none stored.
+
+    Example:
+        >>> census_results = {"ctc:hubert": {"status": "ok"}, "ctc:sew": {"status": "ok"}}
+        >>> sample(0, census_results=census_results), sample(1, census_results=census_results)
+        (['ctc:sew'], ['ctc:hubert'])
+    """
+    if census_results is None:
+        import json
+
+        census_results = json.loads(CENSUS_PATH.read_text())["types"]
+    chosen = []
+    for spec in TASKS:
+        found = runnable(census_results, spec.name)
+        if found:
+            chosen.append(found[(seed + zlib.crc32(spec.name.encode())) % len(found)])
+    return chosen

@@ -1,0 +1,155 @@
+"""The generated zoo: the shrinker gives small valid configs, generated entries resolve and run, the sample rotates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfx import _zoo_generated as generated
+from hfx import zoo
+
+
+def _build(config):
+    import transformers
+
+    return transformers.AutoModel.from_config(config).eval()
+
+
+def test_a_decoder_shrinks_to_a_small_valid_config_and_the_input_is_unchanged():
+    from transformers import LlamaConfig, MistralConfig
+
+    llama = LlamaConfig()
+    small = generated.shrink(llama)
+    assert (small.hidden_size, small.num_hidden_layers, small.num_attention_heads) == (32, 2, 4)
+    assert (small.head_dim, small.num_key_value_heads, small.vocab_size) == (8, 4, 256)  # heads kept as many as queries
+    assert small.intermediate_size <= 64 and small.max_position_embeddings <= 512
+    assert (llama.hidden_size, llama.num_hidden_layers, llama.vocab_size) == (4096, 32, 32000)  # pure
+    mistral = generated.shrink(MistralConfig())
+    assert (mistral.num_key_value_heads, mistral.sliding_window) == (2, 4)  # grouped-query attention stays grouped
+    assert mistral.num_attention_heads % mistral.num_key_value_heads == 0
+
+
+def test_special_tokens_move_below_the_new_vocabulary_keeping_which_are_equal():
+    from transformers import GPT2Config
+
+    small = generated.shrink(GPT2Config())
+    assert small.bos_token_id == small.eos_token_id < small.vocab_size == 256
+    assert small.bos_token_id >= generated.TEXT_HIGH  # above every prompt token
+
+
+def test_per_layer_lists_follow_the_new_layer_count_and_keep_both_kinds():
+    from transformers import Gemma3TextConfig
+
+    small = generated.shrink(Gemma3TextConfig())
+    assert small.num_hidden_layers == 2
+    assert sorted(small.layer_types) == ["full_attention", "sliding_attention"]
+
+
+def test_a_pyramid_config_shrinks_its_stage_lists_together_and_runs():
+    from transformers import ConvNextConfig, SwinConfig
+
+    original = ConvNextConfig()
+    small = generated.shrink(original)
+    assert len(small.hidden_sizes) == len(original.hidden_sizes) and len(small.depths) == len(original.depths)
+    assert max(small.hidden_sizes) == 64 and all(w % 8 == 0 for w in small.hidden_sizes)
+    assert list(small.hidden_sizes) == sorted(small.hidden_sizes) and set(small.depths) == {1}
+    swin = generated.shrink(SwinConfig())
+    assert len(swin.num_heads) == 4 and max(swin.num_heads) <= 2 and swin.window_size == 2
+    for config in (small, swin):
+        with torch.no_grad():
+            out = _build(config)(pixel_values=torch.randn(2, 3, config.image_size, config.image_size))
+        assert torch.isfinite(out[0]).all()
+
+
+def test_a_composite_config_shrinks_its_sub_configs_and_runs():
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    small = generated.shrink(LlavaConfig())
+    vision, text = small.vision_config, small.text_config
+    assert (vision.hidden_size, vision.num_hidden_layers, vision.image_size, vision.patch_size) == (32, 2, 32, 8)
+    assert (text.hidden_size, text.num_hidden_layers, text.vocab_size) == (32, 2, 256)
+    assert generated.TEXT_HIGH <= small.image_token_index < text.vocab_size
+    assert -vision.num_hidden_layers <= small.vision_feature_layer < vision.num_hidden_layers
+    model = LlavaForConditionalGeneration(small).eval()
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+
+
+def test_overrides_replace_the_shrunk_values():
+    from transformers import LlamaConfig
+
+    assert generated.shrink(LlamaConfig(), overrides={"num_hidden_layers": 3}).num_hidden_layers == 3
+
+
+# One type of a few tasks: each resolves through hfx.zoo like a hand-made entry and runs eagerly at both shapes.
+ENTRIES = ("causal-lm:qwen2", "masked-lm:bert", "image-classification:convnext", "ctc:hubert", "seq2seq-lm:t5",
+           "image-text-to-text:llava")
+
+
+@pytest.mark.parametrize("name", ENTRIES)
+def test_a_generated_entry_resolves_through_the_zoo_and_runs_eagerly(name):
+    spec = zoo.entry(name)
+    assert spec.name == name and spec.family == name.partition(":")[0]
+    assert spec.generative == generated.task(spec.family).generative
+    model = zoo.build(name)
+    assert not model.training and sum(p.numel() for p in model.parameters()) < generated.MAX_PARAMETERS
+    assert set(zoo.inputs(name)) <= set(zoo.forward_inputs(name))
+    with torch.no_grad():
+        for batch, sequence in generated.CENSUS_SHAPES:
+            values = zoo.forward_inputs(name, batch=batch, sequence=sequence)
+            assert all(v.shape[0] == batch for k, v in values.items() if k != "pixel_values" or v.dim() == 4)
+            assert torch.isfinite(model(**values)[0]).all()
+
+
+def test_a_seq2seq_forward_gets_decoder_tokens_and_an_image_prompt_as_many_placeholders_as_features():
+    assert zoo.forward_inputs("seq2seq-lm:t5")["decoder_input_ids"].shape[0] == 2
+    assert "decoder_input_ids" not in zoo.inputs("seq2seq-lm:t5")
+    config = zoo.entry("image-text-to-text:llava").config()
+    ids = zoo.inputs("image-text-to-text:llava", batch=1, sequence=5)["input_ids"]
+    patches = (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+    assert int((ids == config.image_token_index).sum()) == patches
+
+
+def test_unknown_generated_names_raise_key_error():
+    with pytest.raises(KeyError, match="no task"):
+        zoo.entry("no-such-task:llama")
+    with pytest.raises(KeyError, match="no 'no_such_type'"):
+        zoo.entry("causal-lm:no_such_type")
+    with pytest.raises(KeyError, match="hfx.zoo has no"):
+        zoo.entry("no_such_arch")
+
+
+def test_every_task_reads_its_mapping_and_names_are_cell_safe():
+    every = generated.names()
+    assert len(every) > 1000
+    assert {name.partition(":")[0] for name in every} == {t.name for t in generated.TASKS}
+    assert not [name for name in every if "," in name]
+
+
+def test_the_census_reports_a_failure_with_its_step_and_reason():
+    assert generated.census("causal-lm:llama")["status"] == "ok"
+    failed = generated.census("causal-lm:no_such_type")
+    assert failed["status"] == "config" and failed["reason"].startswith("KeyError")
+
+
+CENSUS = {f"{task.name}:{kind}": {"status": "ok"} for task in generated.TASKS for kind in ("a", "b", "c")}
+CENSUS["ctc:d"] = {"status": "eager", "reason": "RuntimeError: no"}
+
+
+def test_the_sample_is_one_runnable_type_per_task_and_the_same_for_a_seed():
+    first = generated.sample(7, census_results=CENSUS)
+    assert first == generated.sample(7, census_results=CENSUS)
+    assert [name.partition(":")[0] for name in first] == [task.name for task in generated.TASKS]
+    assert "ctc:d" not in {name for seed in range(10) for name in generated.sample(seed, census_results=CENSUS)}
+
+
+def test_the_sample_rotates_through_every_runnable_type_of_a_task():
+    seen = {generated.sample(seed, census_results=CENSUS)[0] for seed in range(3)}
+    assert seen == {"causal-lm:a", "causal-lm:b", "causal-lm:c"}
+    assert generated.sample(0, census_results=CENSUS) != generated.sample(1, census_results=CENSUS)
+
+
+def test_the_stored_census_gives_a_sample_when_there_is_one():
+    if not generated.CENSUS_PATH.exists():
+        pytest.skip("no stored census (python benchmarks/coverage.py --census)")
+    chosen = zoo.sample(0)
+    assert chosen and len({name.partition(":")[0] for name in chosen}) == len(chosen)
