@@ -165,7 +165,7 @@ def census_exclusions(census: dict[str, Any]) -> list[str]:
     lines = []
     for name, result in sorted(census.get("types", {}).items()):
         if result.get("status") != "ok":
-            reason = str(result.get("reason", "")).replace("|", "\\|").replace("\n", " ")
+            reason = _markdown_safe(str(result.get("reason", "")))
             lines.append(f"* `{name}` ({result['status']}): {reason}")
     return lines or ["None."]
 
@@ -194,7 +194,7 @@ def text_only(census: dict[str, Any]) -> list[str]:
 
 def generated_failures(cells: dict[str, Any]) -> list[str]:
     """Every failing cell of the generated zoo with its reason."""
-    lines = [f"* `{key}`: {str(result.get('reason', '')).replace(chr(10), ' ')[:240]}"
+    lines = [f"* `{key}`: {_markdown_safe(str(result.get('reason', '')))[:240]}"
              for key, result in sorted(cells.items()) if result.get("status") == "fail"]
     return lines or ["No cell fails."]
 
@@ -310,3 +310,8 @@ def write_report(results: dict[str, Any], path: Path, others: dict[str, dict[str
     staging = path.with_suffix(".md.tmp")
     staging.write_text(render(results, others, generated=generated, census=census))
     staging.replace(path)
+
+
+def _markdown_safe(text: str) -> str:
+    """``text`` on one line with table pipes and link brackets escaped (``rope['x']['y']`` is no reference link)."""
+    return text.replace("\n", " ").replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
