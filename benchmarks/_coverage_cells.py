@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 import hfx
+from hfx import _errors as errors
 from hfx import zoo
 
 RUNTIMES = ("torch", "onnx", "pte", "ov")
@@ -56,11 +57,7 @@ PEER_CLASSES = {
 
 def reason_of(exc: BaseException) -> str:
     """``Type: first line`` of an exception (its cause's when the message is empty), at most 160 characters."""
-    lines = str(exc).strip().splitlines()
-    first = lines[0] if lines else ""
-    if not first and exc.__cause__ is not None:
-        return reason_of(exc.__cause__)
-    return f"{type(exc).__name__}: {first}"[:160]
+    return errors.reason_of(exc, limit=160)
 
 
 def _timed(build: Callable[[], Any]) -> tuple[Any, float]:

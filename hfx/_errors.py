@@ -64,3 +64,13 @@ def argument_error(call: str, argument: str, wanted: str, got: object) -> TypeEr
     """
     stage = call.split("(", 1)[0]
     return TypeError(f"{stage}: {argument} must be {wanted}, got {type(got).__name__}; call {call}")
+
+
+def reason_of(exc: BaseException, *, limit: int) -> str:
+    """``Type: first line`` of an exception (its cause's when the message is empty), at most ``limit`` characters:
+    a failure's one-line reason in a report (the coverage cells, the generated zoo's census)."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    if not first and exc.__cause__ is not None:
+        return reason_of(exc.__cause__, limit=limit)
+    return f"{type(exc).__name__}: {first}"[:limit]

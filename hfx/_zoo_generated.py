@@ -30,6 +30,8 @@ from typing import Any
 import attrs
 import torch
 
+from hfx._errors import reason_of
+
 
 @attrs.frozen(kw_only=True)
 class Task:
@@ -949,14 +951,6 @@ CENSUS_SHAPES = ((2, 7), (3, 11))  # (batch, sequence): the coverage cells' capt
 MAX_PARAMETERS = 5_000_000
 
 
-def _reason(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    first = lines[0] if lines else ""
-    if not first and exc.__cause__ is not None:
-        return _reason(exc.__cause__)
-    return f"{type(exc).__name__}: {first}"[:200]
-
-
 def _first_tensor(outputs: Any) -> torch.Tensor | None:
     if isinstance(outputs, Mapping):
         values = list(outputs.values())
@@ -1011,7 +1005,7 @@ def census(name: str, /) -> dict[str, Any]:
                 raise FloatingPointError(msg)
         result["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 - the census records any failure as data
-        result["reason"] = _reason(exc)
+        result["reason"] = reason_of(exc, limit=200)
     result["seconds"] = round(time.perf_counter() - start, 2)
     return result
 

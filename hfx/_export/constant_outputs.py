@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 def user_outputs(program: torch.export.ExportedProgram) -> list[Any]:
     """The graph's user outputs, in order: FX nodes for tensors, the values themselves for constants."""
-    output = next(node for node in program.graph.nodes if node.op == "output")
+    output = program.graph.output_node()
     count = len(program.graph_signature.user_outputs)
     return list(output.args[0][-count:]) if count else []
 
@@ -37,12 +37,12 @@ def without_constant_outputs(program: torch.export.ExportedProgram) -> torch.exp
     """
     from torch.export.graph_signature import ConstantArgument
 
-    if not constant_outputs(program):
+    constants = constant_outputs(program)
+    if not constants:
         return program
-    output = next(node for node in program.graph.nodes if node.op == "output")
-    pairs = list(zip(output.args[0], program.graph_signature.output_specs, strict=True))
+    pairs = list(zip(program.graph.output_node().args[0], program.graph_signature.output_specs, strict=True))
     kept = [(arg, spec) for arg, spec in pairs if not isinstance(spec.arg, ConstantArgument)]
-    tensors = sum(1 for value in user_outputs(program) if isinstance(value, torch.fx.Node))
+    tensors = len(program.graph_signature.user_outputs) - len(constants)
     out_spec = pytree.TreeSpec(tuple, None, [pytree.treespec_leaf()] * tensors)
     return with_outputs(program, [arg for arg, _ in kept], [spec for _, spec in kept], out_spec)
 
@@ -53,7 +53,7 @@ def with_outputs(program: Any, args: list[Any], specs: list[Any], out_spec: Any)
     from torch.export.exported_program import ExportedProgram
     from torch.export.graph_signature import ExportGraphSignature
 
-    output = next(node for node in program.graph.nodes if node.op == "output")
+    output = program.graph.output_node()
     output.args = (tuple(args),)
     program.graph_module.recompile()
     entries = [

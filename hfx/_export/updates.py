@@ -34,7 +34,7 @@ def with_updates_as_outputs(exported: Exported) -> Exported:
     with spec_caches(exported.io):
         functional = exported.program.run_decompositions({})
         signature = functional.graph_signature
-        output = next(n for n in functional.graph.nodes if n.op == "output")
+        output = functional.graph.output_node()
         pairs = list(zip(output.args[0], signature.output_specs))
         kept = [(arg, spec) for arg, spec in pairs if spec.kind != OutputKind.USER_INPUT_MUTATION]
         written = {spec.target: arg for arg, spec in pairs if spec.kind == OutputKind.USER_INPUT_MUTATION}
