@@ -209,6 +209,8 @@ ROWS = (
     *(Row(patch=patch, needs="executorch", slots=lambda patch=patch: [_xnnpack_slots()[patch]])
       for patch in (_pte_fixes.patch_xnnpack_unsqueeze_dynamic_dims,
                     _pte_fixes.patch_xnnpack_conv1d_dynamic_dims, _pte_fixes.patch_xnnpack_tanh_gelu)),
+    Row(patch=_pte_fixes.patch_export_pass_skips_unchanged_retraces, needs="executorch",
+        slots=lambda: [(_owner("executorch.exir.pass_base", "ExportPass"), "call")]),
     Row(patch=_pte_fixes.patch_exact_upper_bounds, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.sym_util"), "eval_upper_bound"),
                        (_owner("executorch.exir.passes.sym_shape_eval_pass"), "eval_upper_bound")]),

@@ -1,0 +1,70 @@
+"""A lowering-speed patch for ExecuTorch: no fake-tensor retrace of a graph that no pass has changed since its last.
+
+Every ``ExportPass`` of executorch 1.5.1 ends by re-tracing the whole graph with
+fake tensors and symbolic shapes (``ExportPass.call``), whether or not the pass
+changed anything. XNNPACK preprocesses each partition with 17 such passes
+(``backends/xnnpack/_passes/__init__.py``), and on a decoder about two of them
+change a graph; on a Llama of SmolLM-135M's shape with 8 layers these retraces
+were a third of the lowering (18 of 57 s here). ExecuTorch knows the cost:
+pytorch/executorch#1893 ("XNNPACK preprocess is very very slow due to running many
+transform passes") and #21138 (the Arm backend skips passes that do not apply).
+
+``patch_export_pass_skips_unchanged_retraces`` returns the graph as it is when a
+pass that does its work in ``call`` (it overrides none of the per-node hooks the
+retrace runs) reaches ``ExportPass.call`` with a graph whose text is the one the
+last retrace produced: the retrace would rebuild the same graph with the same
+metadata. Any other pass retraces as before. The program is byte for byte the
+one ExecuTorch builds without it (tests/backends/test_executorch_retraces.py).
+Delete when ``ExportPass.call`` skips unchanged graphs itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from hfx.patches import swap_attr
+
+# ``GraphModule.meta`` key: the text of the graph as ExportPass's last retrace left it.
+_TRACED = "hfx_retraced_graph"
+
+# ExportPass's per-node hooks: a pass that overrides one does its work while ``ExportPass.call`` retraces.
+RETRACE_HOOKS = ("inputs", "placeholder", "call_operator", "call_sym", "call_cond", "call_while", "call_map",
+                 "call_scan", "call_getitem", "output", "call_submodule", "call_delegate", "on_attr")
+
+
+def works_in_call_only(export_pass: Any, base: type) -> bool:
+    """Whether ``export_pass`` (an ``ExportPass``) keeps every per-node hook of ``base`` (``ExportPass``)."""
+    return all(getattr(type(export_pass), hook, None) is getattr(base, hook, None) for hook in RETRACE_HOOKS)
+
+
+def _skipping_unchanged(original: Callable[..., Any], base: type, result_type: type) -> Callable[..., Any]:
+    """Wrap ``ExportPass.call`` so that it returns an unchanged graph as it is (see the module's docstring)."""
+
+    def call(self: Any, graph_module: Any) -> Any:
+        text = str(graph_module.graph)
+        if graph_module.meta.get(_TRACED) == text and works_in_call_only(self, base):
+            return result_type(graph_module, False)
+        result = original(self, graph_module)
+        result.graph_module.meta[_TRACED] = str(result.graph_module.graph)
+        return result
+
+    call.__wrapped__ = original
+    return call
+
+
+@contextlib.contextmanager
+def patch_export_pass_skips_unchanged_retraces() -> Iterator[None]:
+    """Skip ExecuTorch's fake-tensor retrace of a graph no pass has changed since the last one (module docstring).
+
+    Steps aside when ``ExportPass.call`` is already wrapped (a lowering inside a lowering).
+    """
+    from executorch.exir.pass_base import ExportPass, PassResult
+
+    original = ExportPass.call  # defined on its base class, swapped on ExportPass, which every pass subclasses
+    if hasattr(original, "__wrapped__"):
+        yield
+        return
+    with swap_attr(ExportPass, "call", _skipping_unchanged(original, ExportPass, PassResult)):
+        yield

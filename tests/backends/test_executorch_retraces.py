@@ -1,0 +1,83 @@
+"""patch_export_pass_skips_unchanged_retraces: an unchanged graph is not retraced, and the program is the same bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("executorch")
+
+import hfx  # noqa: E402
+from hfx.backends import PTE_PATCHES  # noqa: E402
+from hfx.backends._executorch_retraces import patch_export_pass_skips_unchanged_retraces  # noqa: E402
+
+
+class _Block(torch.nn.Module):
+    """Linear layers, an activation and a concatenation: partitions that XNNPACK's passes change and leave alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(6, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, values):
+        hidden = torch.relu(self.first(values))
+        return torch.cat([self.second(hidden), values[..., :2].clone()], dim=-1)
+
+
+def _graph_module():
+    program = torch.export.export(_Block(), (torch.randn(3, 6),))
+    return program.graph_module
+
+
+def test_a_plain_pass_returns_an_unchanged_graph_as_it_is_and_retraces_a_changed_one():
+    from executorch.exir.pass_base import ExportPass
+
+    graph_module = _graph_module()
+    with patch_export_pass_skips_unchanged_retraces():
+        traced = ExportPass()(graph_module).graph_module  # never traced by ExportPass: retraced
+        assert traced is not graph_module
+        again = ExportPass()(traced)
+        assert again.graph_module is traced and not again.modified
+        node = next(n for n in traced.graph.nodes if n.op == "call_function")
+        with traced.graph.inserting_after(node):
+            traced.graph.call_function(torch.ops.aten.relu.default, (node,))  # a pass's change: retraced
+        assert ExportPass()(traced).graph_module is not traced
+    assert "call" not in vars(ExportPass)  # restored: ExportPass inherits it again
+
+
+def test_a_pass_that_works_in_a_per_node_hook_always_retraces():
+    from executorch.exir.pass_base import ExportPass
+
+    class Counting(ExportPass):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def call_operator(self, op, args, kwargs, meta):
+            self.calls += 1
+            return super().call_operator(op, args, kwargs, meta)
+
+    with patch_export_pass_skips_unchanged_retraces():
+        traced = ExportPass()(_graph_module()).graph_module
+        counting = Counting()
+        assert counting(traced).graph_module is not traced and counting.calls > 0
+
+
+def test_the_program_is_the_same_bytes_with_and_without_the_patch(monkeypatch):
+    """Also the canary: ExecuTorch's lowering still reaches ExportPass.call with graphs no pass has changed."""
+    from hfx.backends import _executorch_retraces
+
+    torch.manual_seed(0)
+    block = _Block().eval()
+    shapes = hfx.DynamicShapes(axes={"values": {0: "batch"}}, bounds={"batch": (1, 8)})
+    exported = hfx.export(hfx.capture({"values": torch.randn(3, 6)}, block, dynamic_shapes=shapes))
+    skips = []
+    check = _executorch_retraces.works_in_call_only
+    monkeypatch.setattr(_executorch_retraces, "works_in_call_only", lambda *a: skips.append(check(*a)) or skips[-1])
+    patched = hfx.lower_to_pte(exported)
+    monkeypatch.undo()
+    plain = hfx.lower_to_pte(exported, patches=tuple(p for p in PTE_PATCHES if p is not patch_export_pass_skips_unchanged_retraces))
+    assert sum(skips) >= 10  # XNNPACK's no-op passes over each partition, at least
+    assert patched.buffer == plain.buffer
+    values = torch.randn(4, 6)  # another batch than the capture's, within the planned 4
+    torch.testing.assert_close(patched(values=values), block(values), atol=1e-5, rtol=0)
