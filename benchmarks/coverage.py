@@ -7,6 +7,7 @@
     python benchmarks/coverage.py --cell gemma2,onnx,forward,hfx   # one cell, printed as JSON
     python benchmarks/coverage.py --census [--tasks causal-lm,ctc] [--force]   # the generated zoo's census
     python benchmarks/coverage.py --zoo generated [--tasks causal-lm,...] [--shard K/N] [--sample SEED] ...
+    python benchmarks/coverage.py --zoo generated --sample SEED --tools hfx --check   # CI: no regression on record
 
 Each cell (architecture x runtime x {forward, generation} x {hfx, peer}) runs in its own subprocess with a
 timeout. Results accumulate in ``benchmarks/results/coverage.json`` (a cell already there is skipped unless
@@ -183,6 +184,24 @@ def run(keys: list[str], *, jobs: int, timeout: float, path: Path = RESULTS) -> 
                   flush=True)
 
 
+def check(keys: list[str], *, jobs: int, timeout: float, recorded: dict[str, Any]) -> list[str]:
+    """Run ``keys`` without saving anything; return those that pass in ``recorded`` and fail now.
+
+    CI's regression check over a sample: each cell is printed with the status it has on record (``-`` for none).
+    """
+    regressions = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_in_subprocess, key, timeout): key for key in keys}
+        for future in concurrent.futures.as_completed(futures):
+            key, outcome = futures[future], future.result()
+            before = recorded.get(key, {}).get("status", "-")
+            print(f"{key:<48} {outcome['status']:<5} (on record: {before:<4}) {outcome.get('wall_s', '')}s "
+                  f"{outcome.get('reason', '')}", flush=True)
+            if before == "pass" and outcome["status"] != "pass":
+                regressions.append(key)
+    return sorted(regressions)
+
+
 def load_census(path: Path = CENSUS) -> dict[str, Any]:
     """The stored census of the generated zoo, or an empty one."""
     if path.exists():
@@ -300,6 +319,8 @@ def main() -> None:
     parser.add_argument("--shard", help="K/N: run only the K-th of N parts of the planned cells")
     parser.add_argument("--sample", type=int, help="generated zoo: only the types sample(SEED) picks")
     parser.add_argument("--census", action="store_true", help="run the generated zoo's census (--tasks, --force)")
+    parser.add_argument("--check", action="store_true",
+                        help="run the planned cells without saving; exit 1 if a cell that passes on record fails")
     parser.add_argument("--census-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -338,6 +359,13 @@ def main() -> None:
     keys = shard(planned_cells(archs, _names(args.runtimes, cells.RUNTIMES), _names(args.kinds, cells.KINDS),
                                _names(args.tools, cells.TOOLS)), args.shard)
     done = load_results(path)["cells"]
+    if args.check:
+        print(f"checking {len(keys)} cells against {path.relative_to(ROOT)}", flush=True)
+        regressions = check(keys, jobs=args.jobs, timeout=args.timeout, recorded=done)
+        if regressions:
+            print(f"{len(regressions)} cell(s) pass on record and fail now: {', '.join(regressions)}", flush=True)
+            sys.exit(1)
+        return
     todo = [key for key in keys
             if args.force or key not in done or (args.failed and done[key].get("status") == "fail")]
     print(f"{len(todo)} cells to run ({len(keys) - len(todo)} already done)", flush=True)
