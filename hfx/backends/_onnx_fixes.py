@@ -141,7 +141,47 @@ def _round_output_to_bfloat16(node: Any, value: Any) -> None:
             outputs[position] = rounded.outputs[0]
 
 
+# The registry torch.onnx builds from torchlib, per (class, opset): read-only, handed out as copies.
+_TORCHLIB_REGISTRIES: dict[tuple[type, int], Any] = {}
+
+
+def _registry_copy(registry: Any) -> Any:
+    """A registry with ``registry``'s functions in lists of its own (``register_op`` appends to them)."""
+    copy = type(registry)()
+    copy._opset_version = registry._opset_version  # noqa: SLF001 - what from_torchlib sets
+    copy.functions = {target: list(metas) for target, metas in registry.functions.items()}
+    return copy
+
+
+def torchlib_registry_built_once(convert: Callable[[], Any], /) -> Any:
+    """Run ``convert`` with torch.onnx's ATen-to-ONNX registry built once per process and copied for each export.
+
+    torch.onnx (2.13) rebuilds ``ONNXRegistry.from_torchlib()`` on every export
+    (``_compat.export_compat``): it imports and registers torchlib's ~500 functions
+    again, 0.7 s here, a third of lowering a one-layer decoder graph and paid again
+    for each component. The registry depends only on the opset; the fix builds it
+    once per opset and gives each export a copy whose function lists are its own,
+    so a ``custom_translation_table`` registered into one export's copy never
+    reaches another. Delete when torch.onnx caches its registry.
+    """
+    from torch.onnx._internal.exporter import _registration
+
+    from hfx.patches import swap_attr
+
+    owner = _registration.ONNXRegistry
+    build = vars(owner)["from_torchlib"]
+
+    def from_torchlib(cls: type, opset_version: int = _registration._constants.TORCHLIB_OPSET) -> Any:  # noqa: SLF001
+        key = (cls, opset_version)
+        if key not in _TORCHLIB_REGISTRIES:
+            _TORCHLIB_REGISTRIES[key] = build.__func__(cls, opset_version)
+        return _registry_copy(_TORCHLIB_REGISTRIES[key])
+
+    with swap_attr(owner, "from_torchlib", classmethod(from_torchlib)):
+        return convert()
+
+
 # The fixes ``lower_to_onnx`` wraps ``torch.onnx.export`` in; each wraps the ones before it (the first is
 # closest to the export). Read, extend or replace: ``lower_to_onnx(fixes=(*ONNX_FIXES, my_fix))``.
 ONNX_FIXES: tuple[OnnxFix, ...] = (convert_under_no_grad, unused_assert_conditions_dropped,
-                                   bfloat16_arithmetic_in_float32)
+                                   bfloat16_arithmetic_in_float32, torchlib_registry_built_once)

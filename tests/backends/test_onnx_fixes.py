@@ -32,6 +32,7 @@ from hfx.backends._onnx import OnnxProgram, lower_to_onnx  # noqa: E402
 from hfx.backends._onnx_fixes import (  # noqa: E402
     bfloat16_arithmetic_in_float32,
     convert_under_no_grad,
+    torchlib_registry_built_once,
     unused_assert_conditions_dropped,
 )
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE, new_inputs  # noqa: E402
@@ -202,3 +203,37 @@ def test_the_assert_fix_drops_the_conditions_while_converting_and_puts_the_pass_
     with pytest.raises(RuntimeError, match="boom"):
         unused_assert_conditions_dropped(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
     assert _fx_passes.remove_assertion_nodes is original
+
+
+# --- the torchlib registry ---------------------------------------------------------------------------
+
+
+def test_the_registry_is_built_once_per_opset_and_each_export_gets_its_own_copy(monkeypatch):
+    from torch.onnx._internal.exporter import _registration
+
+    from hfx.backends import _onnx_fixes
+
+    builds = []
+    build = vars(_registration.ONNXRegistry)["from_torchlib"]
+    monkeypatch.setattr(_onnx_fixes, "_TORCHLIB_REGISTRIES", {})
+    monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib",
+                        classmethod(lambda cls, *a, **k: builds.append(a) or build.__func__(cls, *a, **k)))
+    got = torchlib_registry_built_once(lambda: [_registration.ONNXRegistry.from_torchlib() for _ in range(3)])
+    assert len(builds) == 1 and got[0] is not got[1]
+    target = next(iter(got[0].functions))
+    got[0].register_op(target, lambda x: x)  # what a custom_translation_table does to one export's registry
+    assert len(got[0].functions[target]) == len(got[1].functions[target]) + 1
+
+
+def test_torch_onnx_still_builds_its_registry_for_every_export(monkeypatch):
+    """Canary: when this fails, torch.onnx keeps its registry between exports and the fix can go."""
+    from torch.onnx._internal.exporter import _registration
+
+    builds = []
+    build = vars(_registration.ONNXRegistry)["from_torchlib"]
+    monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib",
+                        classmethod(lambda cls, *a, **k: builds.append(a) or build.__func__(cls, *a, **k)))
+    program = torch.export.export(torch.nn.Linear(3, 2), (torch.ones(1, 3),))
+    for _ in range(2):
+        torch.onnx.export(program, dynamo=True, optimize=False, verbose=False)
+    assert len(builds) == 2
