@@ -142,15 +142,16 @@ def _round_output_to_bfloat16(node: Any, value: Any) -> None:
 
 
 # The registry torch.onnx builds from torchlib, per (class, opset): read-only, handed out as copies.
-_TORCHLIB_REGISTRIES: dict[tuple[type, int], Any] = {}
+_TORCHLIB_REGISTRIES: dict[tuple[Any, ...], Any] = {}
 
 
 def _registry_copy(registry: Any) -> Any:
-    """A registry with ``registry``'s functions in lists of its own (``register_op`` appends to them)."""
-    copy = type(registry)()
-    copy._opset_version = registry._opset_version  # noqa: SLF001 - what from_torchlib sets
-    copy.functions = {target: list(metas) for target, metas in registry.functions.items()}
-    return copy
+    """A copy of ``registry`` whose function lists are its own (``register_op`` appends to them)."""
+    import copy
+
+    duplicate = copy.copy(registry)
+    duplicate.functions = {target: list(metas) for target, metas in registry.functions.items()}
+    return duplicate
 
 
 def torchlib_registry_built_once(convert: Callable[[], Any], /) -> Any:
@@ -169,12 +170,14 @@ def torchlib_registry_built_once(convert: Callable[[], Any], /) -> Any:
     from hfx.patches import swap_attr
 
     owner = _registration.ONNXRegistry
-    build = vars(owner)["from_torchlib"]
+    build = vars(owner).get("from_torchlib")
+    if not isinstance(build, classmethod):  # another torch.onnx: the registry is built otherwise
+        return convert()
 
-    def from_torchlib(cls: type, opset_version: int = _registration._constants.TORCHLIB_OPSET) -> Any:  # noqa: SLF001
-        key = (cls, opset_version)
+    def from_torchlib(cls: type, *args: Any, **kwargs: Any) -> Any:
+        key = (cls, args, tuple(sorted(kwargs.items())))  # the opset, however it is passed
         if key not in _TORCHLIB_REGISTRIES:
-            _TORCHLIB_REGISTRIES[key] = build.__func__(cls, opset_version)
+            _TORCHLIB_REGISTRIES[key] = build.__func__(cls, *args, **kwargs)
         return _registry_copy(_TORCHLIB_REGISTRIES[key])
 
     with swap_attr(owner, "from_torchlib", classmethod(from_torchlib)):
