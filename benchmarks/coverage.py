@@ -7,7 +7,7 @@
     python benchmarks/coverage.py --cell gemma2,onnx,forward,hfx   # one cell, printed as JSON
     python benchmarks/coverage.py --census [--tasks causal-lm,ctc] [--force]   # the generated zoo's census
     python benchmarks/coverage.py --zoo generated [--tasks causal-lm,...] [--shard K/N] [--sample SEED] ...
-    python benchmarks/coverage.py --zoo generated --sample SEED --tools hfx --check   # CI: no regression on record
+    python benchmarks/coverage.py --zoo generated --sample SEED --tools hfx --kinds forward --check  # CI's check
 
 Each cell (architecture x runtime x {forward, generation} x {hfx, peer}) runs in its own subprocess with a
 timeout. Results accumulate in ``benchmarks/results/coverage.json`` (a cell already there is skipped unless
