@@ -173,15 +173,20 @@ def run(keys: list[str], *, jobs: int, timeout: float, path: Path = RESULTS) -> 
         results["runs"].append({"command": " ".join(["python", "benchmarks/coverage.py", *sys.argv[1:]]),
                                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine()})
     versions = window_versions()  # the same for every cell of a run
+    for key, outcome in _outcomes(keys, jobs=jobs, timeout=timeout):
+        with _locked_results(path) as results:
+            results["cells"][key] = {**outcome, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                     "versions": versions}
+        print(f"{key:<40} {outcome['status']:<5} {outcome.get('wall_s', '')}s {outcome.get('reason', '')}",
+              flush=True)
+
+
+def _outcomes(keys: list[str], *, jobs: int, timeout: float) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(key, outcome)`` of each cell of ``keys`` as it finishes, ``jobs`` subprocesses at a time."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_in_subprocess, key, timeout): key for key in keys}
         for future in concurrent.futures.as_completed(futures):
-            key, outcome = futures[future], future.result()
-            with _locked_results(path) as results:
-                results["cells"][key] = {**outcome, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                         "versions": versions}
-            print(f"{key:<40} {outcome['status']:<5} {outcome.get('wall_s', '')}s {outcome.get('reason', '')}",
-                  flush=True)
+            yield futures[future], future.result()
 
 
 def check(keys: list[str], *, jobs: int, timeout: float, recorded: dict[str, Any]) -> list[str]:
@@ -190,15 +195,12 @@ def check(keys: list[str], *, jobs: int, timeout: float, recorded: dict[str, Any
     CI's regression check over a sample: each cell is printed with the status it has on record (``-`` for none).
     """
     regressions = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_in_subprocess, key, timeout): key for key in keys}
-        for future in concurrent.futures.as_completed(futures):
-            key, outcome = futures[future], future.result()
-            before = recorded.get(key, {}).get("status", "-")
-            print(f"{key:<48} {outcome['status']:<5} (on record: {before:<4}) {outcome.get('wall_s', '')}s "
-                  f"{outcome.get('reason', '')}", flush=True)
-            if before == "pass" and outcome["status"] != "pass":
-                regressions.append(key)
+    for key, outcome in _outcomes(keys, jobs=jobs, timeout=timeout):
+        before = recorded.get(key, {}).get("status", "-")
+        print(f"{key:<48} {outcome['status']:<5} (on record: {before:<4}) {outcome.get('wall_s', '')}s "
+              f"{outcome.get('reason', '')}", flush=True)
+        if before == "pass" and outcome["status"] != "pass":
+            regressions.append(key)
     return sorted(regressions)
 
 

@@ -44,6 +44,8 @@ def check_property(runtime: str, check: Callable[..., None], **strategies: Any) 
     run = settings(max_examples=examples(runtime), deadline=None, database=None, print_blob=True,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(given(**strategies)(check))
     run()
+
+
 # runtime -> (package the runtime needs, the lowering of an Exported; None: the Exported program itself)
 RUNTIMES: dict[str, tuple[str, Callable[[hfx.Exported], Any] | None]] = {
     "torch": ("torch", None),

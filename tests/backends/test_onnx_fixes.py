@@ -208,16 +208,24 @@ def test_the_assert_fix_drops_the_conditions_while_converting_and_puts_the_pass_
 # --- the torchlib registry ---------------------------------------------------------------------------
 
 
+def _counted_registry_builds(monkeypatch) -> list:
+    """A list that gets one item each time torch.onnx builds its registry from torchlib."""
+    from torch.onnx._internal.exporter import _registration
+
+    builds = []
+    build = vars(_registration.ONNXRegistry)["from_torchlib"]
+    monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib",
+                        classmethod(lambda cls, *a, **k: builds.append(a) or build.__func__(cls, *a, **k)))
+    return builds
+
+
 def test_the_registry_is_built_once_per_opset_and_each_export_gets_its_own_copy(monkeypatch):
     from torch.onnx._internal.exporter import _registration
 
     from hfx.backends import _onnx_fixes
 
-    builds = []
-    build = vars(_registration.ONNXRegistry)["from_torchlib"]
     monkeypatch.setattr(_onnx_fixes, "_TORCHLIB_REGISTRIES", {})
-    monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib",
-                        classmethod(lambda cls, *a, **k: builds.append(a) or build.__func__(cls, *a, **k)))
+    builds = _counted_registry_builds(monkeypatch)
     got = torchlib_registry_built_once(lambda: [_registration.ONNXRegistry.from_torchlib() for _ in range(3)])
     assert len(builds) == 1 and got[0] is not got[1]
     target = next(iter(got[0].functions))
@@ -227,12 +235,7 @@ def test_the_registry_is_built_once_per_opset_and_each_export_gets_its_own_copy(
 
 def test_torch_onnx_still_builds_its_registry_for_every_export(monkeypatch):
     """Canary: when this fails, torch.onnx keeps its registry between exports and the fix can go."""
-    from torch.onnx._internal.exporter import _registration
-
-    builds = []
-    build = vars(_registration.ONNXRegistry)["from_torchlib"]
-    monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib",
-                        classmethod(lambda cls, *a, **k: builds.append(a) or build.__func__(cls, *a, **k)))
+    builds = _counted_registry_builds(monkeypatch)
     program = torch.export.export(torch.nn.Linear(3, 2), (torch.ones(1, 3),))
     for _ in range(2):
         torch.onnx.export(program, dynamo=True, optimize=False, verbose=False)
