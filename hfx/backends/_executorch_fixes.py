@@ -22,7 +22,11 @@ import torch
 from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
 from torch.utils._sympy import functions as symfn
 
-from hfx.backends._executorch_retraces import patch_export_pass_skips_unchanged_retraces
+from hfx.backends._executorch_retraces import (
+    patch_bilinear_patterns_not_built_when_kept_whole,
+    patch_export_pass_skips_unchanged_retraces,
+    patch_bilinear_patterns_not_built_when_kept_whole,
+)
 from hfx.patches import Patch, swap_attr, swap_item
 
 # --- the edge verifier ---------------------------------------------------------------------------
@@ -508,4 +512,5 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_sdpa_decomposition_layout,
     patch_exact_upper_bounds,
     patch_export_pass_skips_unchanged_retraces,
+    patch_bilinear_patterns_not_built_when_kept_whole,
 )

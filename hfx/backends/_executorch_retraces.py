@@ -1,4 +1,7 @@
-"""A lowering-speed patch for ExecuTorch: no fake-tensor retrace of a graph that no pass has changed since its last.
+"""Lowering-speed patches for ExecuTorch: work whose result is known to change nothing is skipped.
+
+``patch_export_pass_skips_unchanged_retraces``: no fake-tensor retrace of a graph
+that no pass has changed since its last.
 
 Every ``ExportPass`` of executorch 1.5.1 ends by re-tracing the whole graph with
 fake tensors and symbolic shapes (``ExportPass.call``), whether or not the pass
@@ -16,6 +19,18 @@ last retrace produced: the retrace would rebuild the same graph with the same
 metadata. Any other pass retraces as before. The program is byte for byte the
 one ExecuTorch builds without it (tests/backends/test_executorch_retraces.py).
 Delete when ``ExportPass.call`` skips unchanged graphs itself.
+
+``patch_bilinear_patterns_not_built_when_kept_whole``: XNNPACK's
+``ConvertToUpsampleBilinear2d`` looks for decomposed bilinear upsamples by
+matching four pattern graphs, which it builds on first use with a
+``torch.export`` and a ``to_edge`` each (~4 s, the first ExecuTorch lowering
+in every process). torch keeps ``aten.upsample_bilinear2d.vec`` whole (it is in
+``torch.export``'s ``PRESERVED_ATEN_CIA_OPS``, and ExecuTorch's edge table does
+not decompose it), so each pattern is that one op, which the pass leaves as it
+is ("Op was not decomposed, do nothing"): the search cannot change a graph. The
+patch skips building and matching the patterns and keeps the rest of the pass.
+It steps aside when torch decomposes the op. Delete when the pass builds its
+patterns only for graphs that hold their ops.
 """
 
 from __future__ import annotations
@@ -23,6 +38,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
+
+import torch
 
 from hfx.patches import swap_attr
 
@@ -67,4 +84,37 @@ def patch_export_pass_skips_unchanged_retraces() -> Iterator[None]:
         yield
         return
     with swap_attr(ExportPass, "call", _skipping_unchanged(original, ExportPass, PassResult)):
+        yield
+
+
+def bilinear_kept_whole() -> bool:
+    """Whether ``torch.export`` and ExecuTorch's edge lowering keep ``aten.upsample_bilinear2d.vec`` as one op."""
+    from executorch.exir.program._program import _default_decomposition_table
+    from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+
+    op = torch.ops.aten.upsample_bilinear2d.vec
+    return op in PRESERVED_ATEN_CIA_OPS and op not in _default_decomposition_table()
+
+
+def _without_pattern_search(pass_class: type, result_type: type) -> Callable[..., Any]:
+    """``ConvertToUpsampleBilinear2d.call`` without its pattern search: the ``ExportPass`` retrace it ends with."""
+
+    def call(self: Any, graph_module: Any) -> Any:
+        graph_module.recompile()
+        graph_module = super(pass_class, self).call(graph_module).graph_module
+        return result_type(graph_module, True)
+
+    return call
+
+
+@contextlib.contextmanager
+def patch_bilinear_patterns_not_built_when_kept_whole() -> Iterator[None]:
+    """Skip XNNPACK's search for decomposed bilinear upsamples while torch keeps the op whole (module docstring)."""
+    from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import ConvertToUpsampleBilinear2d
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    if not bilinear_kept_whole():
+        yield
+        return
+    with swap_attr(ConvertToUpsampleBilinear2d, "call", _without_pattern_search(ConvertToUpsampleBilinear2d, PassResult)):
         yield

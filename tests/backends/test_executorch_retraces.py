@@ -1,4 +1,5 @@
-"""patch_export_pass_skips_unchanged_retraces: an unchanged graph is not retraced, and the program is the same bytes."""
+"""The lowering-speed patches: an unchanged graph is not retraced, bilinear patterns are not built while torch keeps
+the op whole, and the program is the same bytes with and without each."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ pytest.importorskip("executorch")
 
 import hfx  # noqa: E402
 from hfx.backends import PTE_PATCHES  # noqa: E402
-from hfx.backends._executorch_retraces import patch_export_pass_skips_unchanged_retraces  # noqa: E402
+from hfx.backends._executorch_retraces import (  # noqa: E402
+    bilinear_kept_whole,
+    patch_bilinear_patterns_not_built_when_kept_whole,
+    patch_export_pass_skips_unchanged_retraces,
+)
 
 
 class _Block(torch.nn.Module):
@@ -82,3 +87,38 @@ def test_the_program_is_the_same_bytes_with_and_without_the_patch(monkeypatch):
     assert patched.buffer == plain.buffer
     values = torch.randn(4, 6)  # another batch than the capture's, within the planned 4
     torch.testing.assert_close(patched(values=values), block(values), atol=1e-5, rtol=0)
+
+
+class _Upsample(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, pixels):
+        return torch.nn.functional.interpolate(self.conv(pixels), scale_factor=2, mode="bilinear", align_corners=False)
+
+
+def test_xnnpacks_bilinear_patterns_are_the_whole_op_while_torch_keeps_it():
+    """The canary: when torch decomposes the op again, the patterns hold its parts and the patch steps aside."""
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d
+
+    assert bilinear_kept_whole()
+    for pattern in bilinear_2d.get_graphs():
+        calls = [str(node.target) for node in pattern.graph.nodes if node.op == "call_function"]
+        assert len(calls) == 1 and "upsample_bilinear2d.vec" in calls[0]
+
+
+def test_a_bilinear_upsample_lowers_to_the_same_bytes_without_building_the_patterns(monkeypatch):
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d
+
+    torch.manual_seed(0)
+    model = _Upsample().eval()
+    static = hfx.DynamicShapes(axes={}, bounds={})  # XNNPACK's bilinear resize takes static shapes only
+    exported = hfx.export(hfx.capture({"pixels": torch.randn(1, 3, 8, 8)}, model, dynamic_shapes=static))
+    plain = hfx.lower_to_pte(exported, patches=tuple(p for p in PTE_PATCHES if p is not patch_bilinear_patterns_not_built_when_kept_whole))
+    built = []
+    monkeypatch.setattr(bilinear_2d, "get_graphs_dict", lambda: built.append(1) or {})
+    patched = hfx.lower_to_pte(exported)
+    assert not built and patched.buffer == plain.buffer
+    pixels = torch.randn(1, 3, 8, 8)
+    torch.testing.assert_close(patched(pixels=pixels), model(pixels), atol=1e-5, rtol=0)

@@ -12,7 +12,6 @@ from tests.helpers import (
     MARIAN_SHIPPED,
     NEW_TOKENS,
     eager_tokens,
-    memoized,
     one_layer,
     packed_image_inputs,
     whisper_speech_parts,
@@ -176,23 +175,18 @@ def _as_model_matches_eager_for_each_setting(model, programs):
 
 
 @pytest.fixture(scope="module")
-def static_parts(models):
-    """``runtime -> (model, config, parts)`` of a static-cache Llama; ExecuTorch's is the one-layer model."""
+def static_parts():
+    """``(model, config, parts)`` of a one-layer static-cache Llama (the in-place update is per layer alike)."""
     from transformers import GenerationConfig
 
     config = GenerationConfig(cache_implementation="static", max_cache_len=40)
-
-    @memoized
-    def parts_of(small: bool):
-        model = one_layer("llama") if small else models("llama")
-        return model, config, hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model), generation_config=config))
-
-    return lambda runtime: parts_of(runtime == "pte")
+    model = one_layer("llama")
+    return model, config, hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama"), model), generation_config=config))
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_static_cache_updates_in_place(static_parts, runtime):
-    model, config, parts = static_parts(runtime)
+    model, config, parts = static_parts
     programs = _lowering(runtime)(parts)
     decode = programs["decode"]
     assert decode.io.updates and decode.io.outputs[-1].name.startswith("updated.")
