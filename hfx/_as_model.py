@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hfx._capture.cross_cache import CROSS_KEY, filled_cross_cache, split_encoder_output, stacked_cross_cache
 from hfx._capture.decompose import prompt_component
 from hfx._capture.positions import model_class
 from hfx._contract import input_keys
@@ -172,7 +173,10 @@ class _Encoder:
         self.program = program
 
     def forward(self, **kwargs: Any) -> Any:
-        return self.program(**{k: v for k, v in kwargs.items() if k in input_keys(self.program.io)})
+        outputs, cross = split_encoder_output(self.program(**{k: v for k, v in kwargs.items() if k in input_keys(self.program.io)}))
+        if cross is not None:  # handed to the first decode step through generate, which expands it for beams
+            outputs[CROSS_KEY] = stacked_cross_cache(cross)
+        return outputs
 
     __call__ = forward
 
@@ -204,6 +208,12 @@ def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         return _stateful_forward(programs, program, state, cache_key, past, mask_key, encoder_decoder)
     own_key = cache_argument(input_keys(program.io)) or cache_key
     state[own_key] = initial_cache(program, tokens.shape[0], own_key) if past == 0 else state.pop(cache_key)
+    stacked = state["encoder_outputs"].get(CROSS_KEY) if encoder_decoder and "encoder_outputs" in state else None
+    if stacked is not None:  # an EncoderWithCrossCache encoder: the decode graph takes the outputs without the cache
+        state["encoder_outputs"] = type(state["encoder_outputs"])(
+            **{k: v for k, v in state["encoder_outputs"].items() if k != CROSS_KEY})
+        if past == 0:
+            state[own_key] = filled_cross_cache(state[own_key], stacked)
     if mask_key not in state:
         state[mask_key] = torch.ones(tokens.shape[0], past + tokens.shape[1], dtype=torch.long)
     features = run_feature_encoders(programs, state) if past == 0 else {}

@@ -64,7 +64,8 @@ def checked_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> tu
     _check_names(io, keys, kwargs, program)
     leaves, spec = pytree.tree_flatten(((), {k: kwargs[k] for k in keys}))
     if spec != load_spec(io.in_spec):
-        msg = f"{program}: the structure of the inputs differs from the captured one; expected {load_spec(io.in_spec)}"
+        msg = (f"{program}: the structure of the inputs differs from the captured one; expected {load_spec(io.in_spec)}, "
+               f"got {spec}")
         raise InputError(msg)
     sizes: dict[str, tuple[int, str]] = {}
     tensors = [leaf for leaf in leaves if leaf is not None]  # None leaves are constants of the graph

@@ -21,6 +21,7 @@ import torch
 from toolz import curry
 from torch.utils import _pytree as pytree
 
+from hfx._capture.cross_cache import split_encoder_output, with_cross_cache
 from hfx._capture.decompose import prompt_component
 from hfx._capture.positions import next_positions, prompt_positions, text_positions
 from hfx._capture.vision_inputs import computed_vision_inputs
@@ -305,16 +306,19 @@ def runner(program: Any) -> Any:
 
 def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, token_key: str, mask_key: str,
           max_new_tokens: int, eos: set[int], pad: Any, how: Any,
-          features: Mapping[str, Any] | None = None) -> torch.Tensor:
+          features: Mapping[str, Any] | None = None, cross: Any = None) -> torch.Tensor:
     """Prefill then decode one token at a time; ``state`` holds the inputs every step shares.
 
     ``how(prompt_length=, mask=)`` gives the step's token picker (``_picker``);
-    ``features``: the encoded, projected features a split multimodal prefill merges into the prompt.
+    ``features``: the encoded, projected features a split multimodal prefill merges into the prompt;
+    ``cross``: the cross-attention cache an ``EncoderWithCrossCache`` encoder computed, which the first step reads.
     """
     batch = tokens.shape[0]
     name = prompt_component(programs)
     cache_key = programs.meta.roles.cache_input or "past_key_values"
     state[cache_key] = initial_cache(programs[name], batch, cache_key)
+    if cross is not None:
+        state[cache_key] = with_cross_cache(state[cache_key], cross)
     mask = state[mask_key]
     new_tokens = ids = tokens
     finished = torch.zeros(batch, dtype=torch.bool)
@@ -398,7 +402,7 @@ def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_n
                               pad: Any, how: Any) -> torch.Tensor:
     encoder = programs["encoder"]
     encoder_inputs = {k: state.pop(k) for k in list(state) if k in input_keys(encoder.io)}
-    state["encoder_outputs"] = encoder(**encoder_inputs)
+    state["encoder_outputs"], cross = split_encoder_output(encoder(**encoder_inputs))
     if "attention_mask" in encoder_inputs:
         state["attention_mask"] = encoder_inputs["attention_mask"]
     batch = next(iter(encoder_inputs.values())).shape[0]
@@ -407,7 +411,8 @@ def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_n
     state["decoder_attention_mask"] = torch.ones_like(tokens)
     ids = encoder_inputs.get("input_ids")
     how = functools.partial(how, encoder_input_ids=ids if ids is not None and ids.ndim == 2 else None)
-    ids = _loop(programs, state, tokens, "decoder_input_ids", "decoder_attention_mask", max_new_tokens, eos, pad, how)
+    ids = _loop(programs, state, tokens, "decoder_input_ids", "decoder_attention_mask", max_new_tokens, eos, pad, how,
+                cross=cross)
     return ids if programs.meta.generation.returns_start_token else _transcripts(ids[:, 1:], eos, pad)
 
 

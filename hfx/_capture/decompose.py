@@ -169,7 +169,12 @@ def decompose(
     Components: decoder-only models give ``prefill`` and ``decode`` (one
     ``decode`` for prompt and steps by default when the cache is all
     full-attention layers, see ``multi_token_decode``);
-    encoder-decoder models give ``encoder``, ``prefill`` and ``decode``;
+    encoder-decoder models give ``encoder`` and ``decode`` (the encoder also
+    computes the decoder's cross-attention cache, ``EncoderWithCrossCache``, so
+    that ``decode`` takes the first step too: by default when its self-attention
+    cache is all full-attention layers and the encoder reproduces the
+    cross-attention cache ``generate()`` built), else ``encoder``, ``prefill``
+    and ``decode``;
     multimodal models give ``image_encoder`` / ``video_encoder`` /
     ``audio_encoder`` (the model's ``get_<modality>_features``, which
     ``generate()`` runs before ``forward``, up to the projector's input),
@@ -179,9 +184,10 @@ def decompose(
     ``model`` (its ``meta`` holds only the model's class and config). With ``multi_token_decode`` there is no ``prefill``: the decode
     graph takes 1..N new tokens over a past of 0..N, so it prefills too. That
     is the default for a text decoder whose cache is all full-attention layers
-    (a Llama, Qwen, Phi ...): its weights are then in one graph, stored and
-    loaded once on every runtime, where ``prefill`` and ``decode`` would each
-    hold a copy.
+    (a Llama, Qwen, Phi ...) and for an encoder-decoder as above (T5, BART,
+    Marian, Whisper ...): the decoder's weights are then in one graph, stored
+    and loaded once on every runtime, where ``prefill`` and ``decode`` would
+    each hold a copy.
 
     With ``internal_cache_length`` a text decoder gives one component,
     ``decode``, in the contract of ExecuTorch's LLM runner: ``forward(tokens
@@ -194,8 +200,10 @@ def decompose(
         capture: a ``Capture`` of generate inputs.
         multi_token_decode: make one decode graph take 1..N new tokens at once
             (prefill with an empty cache, ordinary decode, speculative blocks).
-            ``None`` (default): for a text decoder with a full-attention cache and
-            no static cache; ``False`` keeps a separate ``prefill``.
+            ``None`` (default): for a text decoder or an encoder-decoder with a
+            full-attention cache and no static cache (an encoder-decoder's encoder
+            must reproduce the cross-attention cache); ``False`` keeps a separate
+            ``prefill``.
         generation_config: passed to ``generate`` (e.g. a static cache).
         internal_cache_length: keep the KV cache inside the decode graph, in
             buffers of this many positions (batch 1; ExecuTorch's runner contract).
@@ -211,7 +219,9 @@ def decompose(
         CaptureError: ``generate`` did not call ``forward`` as expected.
         ValueError: ``internal_cache_length`` for a model that is not a text decoder
             with full-attention layers, or not an int >= 2; ``multi_token_decode`` or
-            ``generation_config`` for a model that does not generate.
+            ``generation_config`` for a model that does not generate;
+            ``multi_token_decode=True`` for an encoder-decoder whose first decoder step
+            does more than fill the cross-attention cache.
         ImportError: ``custom_ops`` without executorch.
 
     Example:
@@ -245,6 +255,15 @@ def decompose(
     if not calls or decode is None:
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
         raise CaptureError(describe("decompose", model, "decode", what, "Pass a prompt of at least 2 tokens."))
+    settings = _generation_settings(model, generation_config)
+    if merge and settings.is_encoder_decoder and not _encoder_fills_cross_cache(model, settings, recorded, decode):
+        if multi_token_decode:
+            msg = (f"decompose(multi_token_decode=True): {type(model).__name__}'s first decoder step does more than "
+                   "fill the cross-attention cache from the encoder's states, so one decode graph cannot take it; "
+                   "decompose with multi_token_decode=False (a prefill graph) or None")
+            raise ValueError(msg)
+        merge = False
+        decode = _pick_decode(calls, multi_token=False)
     parts = {
         name: encoder_capture(name, module, kwargs, packed=bool(name in recorded.encoder_inputs and recorded.encoder_inputs[name].computed))
         for name, (module, kwargs) in recorded.encoders.items()
@@ -252,9 +271,10 @@ def decompose(
     parts.update({name: part_capture(name, module, kwargs) for name, (module, kwargs) in recorded.parts.items()})
     if not merge and "language_model" not in parts:  # a multi-token decode graph prefills too
         parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
+    if merge and settings.is_encoder_decoder:  # the decode graph's first step reads the cross-attention cache
+        parts["encoder"] = _with_cross_cache(parts["encoder"], model, settings.decoder_start_token_id)
     decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
     parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=merge))
-    settings = _generation_settings(model, generation_config)
     if settings.is_encoder_decoder:  # some generate()s (Whisper's) return the decoder ids without the start token
         settings = attrs.evolve(settings, returns_start_token=recorded.length == steps + 1)
     encoders = {f"{m}_encoder": m for m in feature_methods(model) if f"{m}_encoder" in parts}
@@ -266,6 +286,25 @@ def decompose(
     )
     meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model), encoder_inputs=recorded.encoder_inputs)
     return Components(items=parts, meta=meta)
+
+
+def _with_cross_cache(encoder: Capture, model: torch.nn.Module, start_token: int | None) -> Capture:
+    """The ``encoder`` capture as ``EncoderWithCrossCache``: the encoder and the cross-attention cache of its states."""
+    from hfx._capture.cross_cache import EncoderWithCrossCache
+
+    # The wrapper is the source: export flattens and patches what it traces (it holds the model).
+    module = EncoderWithCrossCache(model, start_token if start_token is not None else 0)
+    return attrs.evolve(encoder, module=module, source=module)
+
+
+def _encoder_fills_cross_cache(model: torch.nn.Module, settings: GenerationSettings, recorded: Any,
+                               decode: Mapping[str, Any]) -> bool:
+    """Whether the recorded decode step's cross-attention cache is what ``EncoderWithCrossCache`` computes."""
+    from hfx._capture.cross_cache import reproduces_cross_cache
+
+    cache = next((v for v in decode.values() if is_cache(v)), None)
+    start = settings.decoder_start_token_id if settings.decoder_start_token_id is not None else 0
+    return "encoder" in recorded.encoders and reproduces_cross_cache(model, start, recorded.encoders["encoder"][1], cache)
 
 
 def _model_spec(model: torch.nn.Module) -> ModelSpec:
@@ -322,7 +361,7 @@ def _may_merge_steps(model: torch.nn.Module, generation_config: Any) -> bool:
     """Whether ``model`` is a text decoder whose steps ``decompose`` merges by default (its cache decides after)."""
     config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
     static = getattr(config, "cache_implementation", None) is not None
-    return not (static or getattr(model.config, "is_encoder_decoder", False) or feature_methods(model))
+    return not (static or feature_methods(model))
 
 
 def prompt_component(names: Iterable[str]) -> str | None:
@@ -341,6 +380,7 @@ def full_attention_cache(calls: list[dict[str, Any]]) -> bool:
     from transformers.cache_utils import DynamicLayer
 
     cache = next((v for call in calls[1:] for v in call.values() if is_cache(v)), None)
+    cache = getattr(cache, "self_attention_cache", cache)  # an encoder-decoder's: the part that grows
     layers = getattr(cache, "layers", None)
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -52,13 +54,48 @@ def test_a_one_token_prompt_still_gives_a_past_of_two(models):
     assert parts["decode"].kwargs[CACHE_ARGUMENT].layers[0].keys.shape[2] >= 2
 
 
-def test_encoder_decoder_gives_encoder_prefill_decode(models):
-    parts = hfx.decompose(hfx.capture(zoo.inputs("t5"), zoo.build("t5")))
-    assert list(parts) == ["encoder", "prefill", "decode"]
-    assert type(parts["encoder"].module).__name__ == "T5Stack"
-    cache = parts["decode"].kwargs[CACHE_ARGUMENT]
+def test_an_encoder_decoder_gives_an_encoder_with_the_cross_attention_cache_and_one_decode(models):
+    from hfx._capture.cross_cache import EncoderWithCrossCache
+
+    model = zoo.build("t5")
+    parts = hfx.decompose(hfx.capture(zoo.inputs("t5"), model))
+    assert list(parts) == ["encoder", "decode"]
+    assert isinstance(parts["encoder"].module, EncoderWithCrossCache) and parts["encoder"].module.model is model
+    decode = parts["decode"]
+    cache = decode.kwargs[CACHE_ARGUMENT]
     assert cache.self_attention_cache.layers[0].keys.shape[2] >= 2  # past >= 2: no 0/1 specialisation
+    assert decode.dynamic_shapes.bounds["past_sequence"][0] == 0  # and the first step's empty past
     assert parts.meta.generation.is_encoder_decoder and parts.meta.generation.decoder_start_token_id == 0
+    # The encoder's cross-attention cache is the one generate() built for the decode step.
+    states, cross = parts["encoder"].module(**parts["encoder"].kwargs)
+    for ours, theirs in zip(cross.layers, cache.cross_attention_cache.layers, strict=True):
+        torch.testing.assert_close(ours.keys, theirs.keys)
+        torch.testing.assert_close(ours.values, theirs.values)
+    split = hfx.decompose(hfx.capture(zoo.inputs("t5"), model), multi_token_decode=False)
+    assert list(split) == ["encoder", "prefill", "decode"]
+    assert type(split["encoder"].module).__name__ == "T5Stack"
+
+
+def test_an_encoder_decoder_whose_first_step_does_more_keeps_its_prefill(models, monkeypatch):
+    from hfx._capture import cross_cache
+
+    monkeypatch.setattr(cross_cache, "reproduces_cross_cache", lambda *args: False)
+    assert list(hfx.decompose(hfx.capture(zoo.inputs("t5"), models("t5")))) == ["encoder", "prefill", "decode"]
+    with pytest.raises(ValueError, match="does more than fill the cross-attention cache"):
+        hfx.decompose(hfx.capture(zoo.inputs("t5"), models("t5")), multi_token_decode=True)
+
+
+def test_a_cross_attention_cache_that_differs_is_not_reproduced(models):
+    from hfx._capture.cross_cache import reproduces_cross_cache
+
+    model = models("whisper")
+    parts = hfx.decompose(hfx.capture(zoo.inputs("whisper"), model))
+    encoder, cache = parts["encoder"], parts["decode"].kwargs[CACHE_ARGUMENT]
+    assert reproduces_cross_cache(model, 0, encoder.kwargs, cache)
+    shifted = copy.deepcopy(cache)
+    shifted.cross_attention_cache.layers[0].keys += 1e-3  # another projection than the encoder's
+    assert not reproduces_cross_cache(model, 0, encoder.kwargs, shifted)
+    assert not reproduces_cross_cache(model, 0, encoder.kwargs, cache.self_attention_cache)  # no cross-attention part
 
 
 def test_multi_token_decode_merges_two_steps(models):
@@ -75,10 +112,9 @@ def test_multi_token_decode_merges_two_steps(models):
 @pytest.mark.parametrize(("name", "why"), [
     ("gemma2", "sliding-window layers trim their past inside the graph"),
     ("mamba", "a state-space layer takes one token per step"),
-    ("t5", "an encoder-decoder"),
     ("llava", "a multimodal model: its language_model prefills"),
 ])
-def test_by_default_only_a_full_attention_text_decoder_merges_its_steps(models, name, why):
+def test_by_default_a_model_whose_steps_one_graph_cannot_take_keeps_a_prefill(models, name, why):
     parts = hfx.decompose(hfx.capture(zoo.inputs(name), models(name)))
     assert "decode" in parts and ("prefill" in parts or "language_model" in parts), why
 
