@@ -44,8 +44,10 @@ class EncoderWithCrossCache(torch.nn.Module):
         tokens = torch.full((hidden.shape[0], 1), self.start_token, dtype=torch.long, device=hidden.device)
         config = self.model.config.get_text_config(decoder=True)  # the caches generate() makes, layers made up front
         cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
-        self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=inputs.get("attention_mask"),
-                   decoder_input_ids=tokens, past_key_values=cache, use_cache=True)
+        # The encoder's own output, as generate() hands it over (NLLB-MoE's decoder reads its router logits too).
+        given = states if not isinstance(states, tuple) else BaseModelOutput(last_hidden_state=hidden)
+        self.model(encoder_outputs=given, attention_mask=inputs.get("attention_mask"), decoder_input_ids=tokens,
+                   past_key_values=cache, use_cache=True)
         return states, cache.cross_attention_cache
 
 
