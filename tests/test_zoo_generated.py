@@ -109,6 +109,15 @@ def test_a_seq2seq_forward_gets_decoder_tokens_and_an_image_prompt_as_many_place
     assert int((ids == config.image_token_index).sum()) == patches
 
 
+def test_an_encoder_decoder_without_a_first_decoder_token_gets_the_pad_token_and_generates():
+    config = generated.task_config("seq2seq-lm:longt5")  # its default names neither a start nor a BOS token
+    assert config.decoder_start_token_id == config.pad_token_id == 0
+    assert generated.task_config("seq2seq-lm:t5").decoder_start_token_id == 0  # one that has it keeps it
+    model = zoo.build("seq2seq-lm:encoder-decoder")
+    with torch.no_grad():
+        assert model.generate(**zoo.inputs("seq2seq-lm:encoder-decoder"), max_new_tokens=2, do_sample=False).shape[1] >= 2
+
+
 def test_unknown_generated_names_raise_key_error():
     with pytest.raises(KeyError, match="no task"):
         zoo.entry("no-such-task:llama")

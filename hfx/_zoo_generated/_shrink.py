@@ -501,6 +501,11 @@ def task_config(name: str, /) -> Any:
                        if isinstance(v, PretrainedConfig) and isinstance(v, wanted)), config)
     if spec.name == "causal-lm" and "is_decoder" in {f.name for f in dataclasses.fields(config)}:
         config.is_decoder = True
+    if getattr(config, "is_encoder_decoder", False) and all(
+            getattr(config, key, None) is None for key in ("decoder_start_token_id", "bos_token_id")):
+        # generate() needs a first decoder token; LongT5's and EncoderDecoder's defaults have none, and
+        # transformers' testers pass the pad token (LongT5ModelTester: decoder_start_token_id=0).
+        config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
     text = text_config(config)
     if _reads_mrope(model_class(name)) or _reads_mrope(_base_class(text)):
         _fit_mrope(text)
