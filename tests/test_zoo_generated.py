@@ -118,6 +118,20 @@ def test_an_encoder_decoder_without_a_first_decoder_token_gets_the_pad_token_and
         assert model.generate(**zoo.inputs("seq2seq-lm:encoder-decoder"), max_new_tokens=2, do_sample=False).shape[1] >= 2
 
 
+def test_an_encoder_decoder_without_a_start_token_starts_from_bos_as_generate_does():
+    import hfx
+
+    name = "seq2seq-lm:mbart"  # MBart's config leaves decoder_start_token_id unset; generate() starts from BOS
+    model = zoo.build(name)
+    assert model.generation_config.decoder_start_token_id is None and model.generation_config.bos_token_id is not None
+    programs = hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name), model)))
+    assert programs.meta.generation.decoder_start_token_id == model.generation_config.bos_token_id
+    inputs = zoo.inputs(name, batch=2, sequence=9)
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=4), expected)
+
+
 def test_unknown_generated_names_raise_key_error():
     with pytest.raises(KeyError, match="no task"):
         zoo.entry("no-such-task:llama")

@@ -348,8 +348,10 @@ def _generation_settings(model: torch.nn.Module, generation_config: Any = None) 
     """The generation config ``decompose`` runs with, as JSON, the decoder start token and whether the model is an encoder-decoder."""
     config = generation_config if generation_config is not None else model.generation_config
     settings = json.loads(config.to_json_string(use_diff=False))
-    start = settings.get("decoder_start_token_id")
-    start = start if start is not None else getattr(model.config, "decoder_start_token_id", None)
+    # As generate() picks the first decoder token (GenerationMixin._get_decoder_start_token_id): the start token,
+    # else BOS (MBart, PLBart, T5Gemma leave the start token unset).
+    start = next((v for v in (settings.get("decoder_start_token_id"), getattr(model.config, "decoder_start_token_id", None),
+                              settings.get("bos_token_id")) if v is not None), None)
     return GenerationSettings(
         config=settings,
         decoder_start_token_id=start,
