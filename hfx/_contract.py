@@ -80,7 +80,7 @@ def _check_names(io: IoSpec, keys: Sequence[str], kwargs: Mapping[str, Any], pro
         raise InputError(msg)
     missing = [k for k in keys if k not in kwargs]
     if missing:
-        msg = f"{program} needs input(s) {missing}; it takes {list(keys)}"
+        msg = f"{program} needs input(s) {missing}; it takes {list(keys)} and was given {sorted(kwargs)}"
         raise InputError(msg)
     for key in set(kwargs) & set(io.constants):
         if kwargs[key] != io.constants[key]:

@@ -33,8 +33,8 @@ def test_float_for_int_is_refused(io):
         flat_inputs(io, inputs, program="p")
 
 
-def test_missing_input_is_named(io):
-    with pytest.raises(hfx.InputError, match=r"needs input\(s\) \['attention_mask'\]"):
+def test_missing_input_is_named_with_what_was_given(io):
+    with pytest.raises(hfx.InputError, match=r"needs input\(s\) \['attention_mask'\].*was given \['input_ids'\]"):
         flat_inputs(io, {"input_ids": torch.ones(1, 2, dtype=torch.long)}, program="p")
 
 
