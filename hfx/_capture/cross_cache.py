@@ -51,8 +51,8 @@ class EncoderWithCrossCache(torch.nn.Module):
         return states, cache.cross_attention_cache
 
 
-def reproduces_cross_cache(model: torch.nn.Module, start_token: int, encoder_inputs: dict[str, Any], cache: Any) -> bool:
-    """Whether ``EncoderWithCrossCache`` computes from ``encoder_inputs`` the cross-attention cache ``cache`` holds.
+def reproduces_cross_cache(encoder: EncoderWithCrossCache, encoder_inputs: dict[str, Any], cache: Any) -> bool:
+    """Whether ``encoder`` computes from ``encoder_inputs`` the cross-attention cache ``cache`` holds.
 
     ``cache`` is the ``EncoderDecoderCache`` a recorded decode step of the real
     ``generate()`` read. A model whose first decoder step does more than project
@@ -66,7 +66,7 @@ def reproduces_cross_cache(model: torch.nn.Module, start_token: int, encoder_inp
     if not getattr(cross, "layers", None):
         return False
     with torch.no_grad():
-        _, ours = EncoderWithCrossCache(model, start_token)(**encoder_inputs)
+        _, ours = encoder(**encoder_inputs)
     if not is_cache(ours) or len(ours.layers) != len(cross.layers):
         return False
     pairs = [(mine, theirs) for a, b in zip(ours.layers, cross.layers) for mine, theirs in ((a.keys, b.keys), (a.values, b.values))]

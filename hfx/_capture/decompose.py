@@ -256,13 +256,14 @@ def decompose(
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
         raise CaptureError(describe("decompose", model, "decode", what, "Pass a prompt of at least 2 tokens."))
     settings = _generation_settings(model, generation_config)
-    if merge and settings.is_encoder_decoder and not _encoder_fills_cross_cache(model, settings, recorded, decode):
+    cross_encoder = _cross_cache_encoder(model, settings) if merge and settings.is_encoder_decoder else None
+    if cross_encoder is not None and not _encoder_fills_cross_cache(cross_encoder, recorded, decode):
         if multi_token_decode:
             msg = (f"decompose(multi_token_decode=True): {type(model).__name__}'s first decoder step does more than "
                    "fill the cross-attention cache from the encoder's states, so one decode graph cannot take it; "
                    "decompose with multi_token_decode=False (a prefill graph) or None")
             raise ValueError(msg)
-        merge = False
+        merge, cross_encoder = False, None
         decode = _pick_decode(calls, multi_token=False)
     parts = {
         name: encoder_capture(name, module, kwargs, packed=bool(name in recorded.encoder_inputs and recorded.encoder_inputs[name].computed))
@@ -271,8 +272,9 @@ def decompose(
     parts.update({name: part_capture(name, module, kwargs) for name, (module, kwargs) in recorded.parts.items()})
     if not merge and "language_model" not in parts:  # a multi-token decode graph prefills too
         parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
-    if merge and settings.is_encoder_decoder:  # the decode graph's first step reads the cross-attention cache
-        parts["encoder"] = _with_cross_cache(parts["encoder"], model, settings.decoder_start_token_id)
+    if cross_encoder is not None:  # the decode graph's first step reads the cross-attention cache
+        # The wrapper is the source: export flattens and patches what it traces (it holds the model).
+        parts["encoder"] = attrs.evolve(parts["encoder"], module=cross_encoder, source=cross_encoder)
     decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
     parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=merge))
     if settings.is_encoder_decoder:  # some generate()s (Whisper's) return the decoder ids without the start token
@@ -288,23 +290,20 @@ def decompose(
     return Components(items=parts, meta=meta)
 
 
-def _with_cross_cache(encoder: Capture, model: torch.nn.Module, start_token: int | None) -> Capture:
-    """The ``encoder`` capture as ``EncoderWithCrossCache``: the encoder and the cross-attention cache of its states."""
+def _cross_cache_encoder(model: torch.nn.Module, settings: GenerationSettings) -> Any:
+    """``model``'s ``EncoderWithCrossCache``, run from its first decoder token (any token does; 0 when it has none)."""
     from hfx._capture.cross_cache import EncoderWithCrossCache
 
-    # The wrapper is the source: export flattens and patches what it traces (it holds the model).
-    module = EncoderWithCrossCache(model, start_token if start_token is not None else 0)
-    return attrs.evolve(encoder, module=module, source=module)
+    start = settings.decoder_start_token_id
+    return EncoderWithCrossCache(model, start if start is not None else 0)
 
 
-def _encoder_fills_cross_cache(model: torch.nn.Module, settings: GenerationSettings, recorded: Any,
-                               decode: Mapping[str, Any]) -> bool:
-    """Whether the recorded decode step's cross-attention cache is what ``EncoderWithCrossCache`` computes."""
+def _encoder_fills_cross_cache(encoder: Any, recorded: Any, decode: Mapping[str, Any]) -> bool:
+    """Whether the recorded decode step's cross-attention cache is what ``encoder`` (``EncoderWithCrossCache``) computes."""
     from hfx._capture.cross_cache import reproduces_cross_cache
 
     cache = next((v for v in decode.values() if is_cache(v)), None)
-    start = settings.decoder_start_token_id if settings.decoder_start_token_id is not None else 0
-    return "encoder" in recorded.encoders and reproduces_cross_cache(model, start, recorded.encoders["encoder"][1], cache)
+    return "encoder" in recorded.encoders and reproduces_cross_cache(encoder, recorded.encoders["encoder"][1], cache)
 
 
 def _model_spec(model: torch.nn.Module) -> ModelSpec:

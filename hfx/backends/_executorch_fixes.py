@@ -25,7 +25,6 @@ from torch.utils._sympy import functions as symfn
 from hfx.backends._executorch_retraces import (
     patch_bilinear_patterns_not_built_when_kept_whole,
     patch_export_pass_skips_unchanged_retraces,
-    patch_bilinear_patterns_not_built_when_kept_whole,
 )
 from hfx.patches import Patch, swap_attr, swap_item
 

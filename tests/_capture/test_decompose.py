@@ -86,16 +86,17 @@ def test_an_encoder_decoder_whose_first_step_does_more_keeps_its_prefill(models,
 
 
 def test_a_cross_attention_cache_that_differs_is_not_reproduced(models):
-    from hfx._capture.cross_cache import reproduces_cross_cache
+    from hfx._capture.cross_cache import EncoderWithCrossCache, reproduces_cross_cache
 
     model = models("whisper")
     parts = hfx.decompose(hfx.capture(zoo.inputs("whisper"), model))
-    encoder, cache = parts["encoder"], parts["decode"].kwargs[CACHE_ARGUMENT]
-    assert reproduces_cross_cache(model, 0, encoder.kwargs, cache)
+    encoder, cache = EncoderWithCrossCache(model, 0), parts["decode"].kwargs[CACHE_ARGUMENT]
+    inputs = parts["encoder"].kwargs
+    assert reproduces_cross_cache(encoder, inputs, cache)
     shifted = copy.deepcopy(cache)
     shifted.cross_attention_cache.layers[0].keys += 1e-3  # another projection than the encoder's
-    assert not reproduces_cross_cache(model, 0, encoder.kwargs, shifted)
-    assert not reproduces_cross_cache(model, 0, encoder.kwargs, cache.self_attention_cache)  # no cross-attention part
+    assert not reproduces_cross_cache(encoder, inputs, shifted)
+    assert not reproduces_cross_cache(encoder, inputs, cache.self_attention_cache)  # no cross-attention part
 
 
 def test_multi_token_decode_merges_two_steps(models):
