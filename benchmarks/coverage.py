@@ -304,7 +304,8 @@ def _names(value: str | None, default: tuple[str, ...]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cell", help="run one cell arch,runtime,kind,tool in this process and print its JSON")
-    parser.add_argument("--only", help="comma-separated architectures (default: the whole zoo)")
+    parser.add_argument("--only", help="comma-separated architectures (default: the whole zoo); generated zoo: "
+                                        "task:type names (causal-lm:qwen3_next)")
     parser.add_argument("--runtimes", help=f"comma-separated, from {','.join(cells.RUNTIMES)}")
     parser.add_argument("--kinds", help=f"comma-separated, from {','.join(cells.KINDS)}")
     parser.add_argument("--tools", help=f"comma-separated, from {','.join(cells.TOOLS)}")
@@ -354,6 +355,8 @@ def main() -> None:
         archs = [name for name in every if census.get(name, {}).get("status") == "ok"]
         if args.sample is not None:
             archs = [name for name in generated.sample(args.sample, census_results=census) if name in archs]
+        if args.only:
+            archs = [name for name in archs if name in args.only.split(",")]
         path = GENERATED
     else:
         archs = _names(args.only, tuple(zoo.ENTRIES))

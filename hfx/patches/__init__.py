@@ -13,9 +13,15 @@ import functools
 import torch
 
 from hfx._pytree import cache_classes, registered_caches
-from hfx.patches._arch import arch_patches, patch_position_interpolation
+from hfx.patches._arch import arch_patches, patch_latent_attention_keys, patch_position_interpolation
 from hfx.patches._cache import patch_sliding_window_cache
 from hfx.patches._core import Patch, swap_attr, swap_item, with_patches
+from hfx.patches._delta_rule import (
+    delta_rule_patches,
+    patch_gated_delta_rule_chunk_scan,
+    prefix_chunk_gated_delta_rule,
+    prefix_chunk_kimi_delta_attention,
+)
 from hfx.patches._model import patch_attention_implementation, patch_eval_mode, preserve_module_state
 from hfx.patches._moe import dense_experts_forward, moe_patches, patch_dense_experts
 from hfx.patches._ssm import (
@@ -23,6 +29,8 @@ from hfx.patches._ssm import (
     patch_linear_attention_conv_state,
     patch_mamba2_chunk_scan,
     patch_mamba_selective_scan,
+    patch_rglru_scan,
+    prefix_rnn_scan,
     prefix_selective_scan,
     scanned_selective_scan,
     ssm_patches,
@@ -42,7 +50,7 @@ CACHE_PATCHES: tuple[Patch, ...] = (patch_sliding_window_cache,)
 
 
 def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
-    """Return the patches ``export`` enters for ``model``: caches as pytrees, model state kept, eval mode, exportable attention, packed vision attention, torch fixes, SSM fixes, architecture fixes, exportable experts (MoE).
+    """Return the patches ``export`` enters for ``model``: caches as pytrees, model state kept, eval mode, exportable attention, packed vision attention, torch fixes, SSM and gated-delta-rule fixes, architecture fixes, exportable experts (MoE).
 
     Args:
         model: the user's model; the model patches are bound to it.
@@ -53,7 +61,7 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Example:
         >>> import torch
         >>> [getattr(p, "func", p).__name__ for p in default_patches(torch.nn.Linear(1, 1))]
-        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_position_interpolation', 'patch_dense_experts']
+        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_dense_experts']
     """
     bound = tuple(
         functools.partial(patch, model)
@@ -61,7 +69,7 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
                       patch_per_image_feature_split, patch_window_permutation)
     )
     return (functools.partial(registered_caches, cache_classes(model)), *bound, *CACHE_PATCHES, *TORCH_PATCHES,
-            *ssm_patches(model), *arch_patches(model), *moe_patches(model))
+            *ssm_patches(model), *delta_rule_patches(model), *arch_patches(model), *moe_patches(model))
 
 
 __all__ = [
@@ -71,11 +79,14 @@ __all__ = [
     "Patch",
     "arch_patches",
     "default_patches",
+    "delta_rule_patches",
     "dense_experts_forward",
     "patch_attention_implementation",
     "patch_conv3d_patch_embedding",
     "patch_dense_experts",
     "patch_eval_mode",
+    "patch_gated_delta_rule_chunk_scan",
+    "patch_latent_attention_keys",
     "patch_linear_attention_conv_state",
     "patch_mamba2_chunk_scan",
     "patch_mamba_selective_scan",
@@ -83,8 +94,12 @@ __all__ = [
     "patch_per_image_feature_split",
     "patch_window_permutation",
     "patch_position_interpolation",
+    "patch_rglru_scan",
     "patch_sdpa_fully_masked_rows",
     "patch_sliding_window_cache",
+    "prefix_chunk_gated_delta_rule",
+    "prefix_chunk_kimi_delta_attention",
+    "prefix_rnn_scan",
     "prefix_selective_scan",
     "moe_patches",
     "preserve_module_state",

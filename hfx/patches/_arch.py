@@ -70,6 +70,48 @@ def patch_position_interpolation(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
+def concatenated_expand_kv(self: torch.nn.Module, kv_nope: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-head latent attention's ``expand_kv``, the key built by ``torch.cat`` (the same values, bitwise).
+
+    The keys ``[batch, heads, seq, nope + rope]`` and values ``[batch, heads, seq, v]`` from the compressed
+    latents ``kv_nope`` ``[batch, 1, seq, rank]`` and the shared rotary key ``k_rot`` ``[batch, 1, seq, rope]``.
+    """
+    batch_size, _, seq_length, _ = kv_nope.shape
+    expanded = self.kv_b_proj(kv_nope).view(batch_size, seq_length, -1, self.qk_nope_head_dim + self.v_head_dim)
+    k_nope, value_states = torch.split(expanded.transpose(1, 2), [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+    return torch.cat([k_nope, k_rot.expand(-1, k_nope.shape[1], -1, -1)], dim=-1), value_states
+
+
+# The attributes of a multi-head latent attention module whose ``expand_kv`` builds its keys in place.
+_LATENT_ATTENTION = ("kv_b_proj", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def _latent_attention_classes(model: torch.nn.Module) -> tuple[type, ...]:
+    """The classes of ``model``'s modules that define transformers' multi-head latent attention ``expand_kv``."""
+    return tuple({type(m) for m in model.modules()
+                  if "expand_kv" in vars(type(m)) and all(hasattr(m, name) for name in _LATENT_ATTENTION)})
+
+
+@contextlib.contextmanager
+def patch_latent_attention_keys(model: torch.nn.Module) -> Iterator[None]:
+    """Build multi-head latent attention's keys with ``torch.cat`` instead of writes into an empty tensor.
+
+    ``expand_kv`` (transformers 5.22-5.24: DeepSeek-V2 and V3, Mistral 4, Kimi-Linear,
+    Bailing-Hybrid, LongCat-Flash, Youtu, AXK1, HY-V4) allocates the keys with
+    ``kv_nope.new_empty(batch, heads, seq, nope + rope)`` and ``copy_``s both halves into
+    slices of it. ExecuTorch 1.5.1's ``MemoryFormatOpsPass`` rewrites that ``empty`` and, in
+    doing so, specialises its batch and sequence sizes: the .pte is planned for the traced
+    shape only and refuses any other at ``set_inputs`` ("Attempted to resize a bounded tensor").
+    ``concatenated_expand_kv`` gives the same keys, bitwise. A no-op for a model without such
+    modules. Delete when ExecuTorch keeps a dynamic ``empty`` dynamic.
+
+    Args:
+        model: the model to export; only the attention classes it uses are patched.
+    """
+    with swap_attr_on_each(_latent_attention_classes(model), "expand_kv", concatenated_expand_kv):
+        yield
+
+
 def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     """Return the architecture patches for ``model``, bound to it (each a no-op where its pattern is absent).
 
@@ -77,10 +119,10 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
         model: the model to export.
 
     Returns:
-        ``patch_position_interpolation`` bound to ``model``.
+        ``patch_position_interpolation`` and ``patch_latent_attention_keys`` bound to ``model``.
 
     Example:
         >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))]
-        ['patch_position_interpolation']
+        ['patch_position_interpolation', 'patch_latent_attention_keys']
     """
-    return (functools.partial(patch_position_interpolation, model),)
+    return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys))

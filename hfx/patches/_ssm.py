@@ -351,6 +351,49 @@ def patch_mamba2_chunk_scan(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
+def prefix_rnn_scan(
+    self: torch.nn.Module, hidden_states: torch.Tensor, recurrent_gate: torch.Tensor, reset: torch.Tensor,
+    recurrent_states: torch.Tensor | None, acc_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RecurrentGemma's ``RecurrentGemmaRglru._rnn_scan`` as a loop-free prefix scan (``_prefix_states``).
+
+    The same diagonal recurrence ``h_t = a_t h_{t-1} + x_t`` (``a`` zero at a reset), from
+    ``recurrent_states`` or zeros, summed in another order; the results equal the reference's to float
+    rounding. One form for every length: the reference's one-token branch gives the same values.
+
+    Example:
+        >>> x, a = torch.rand(2, 5, 3), torch.rand(2, 5, 3)
+        >>> reset = torch.zeros(2, 5, 1, dtype=torch.bool)
+        >>> states, last = prefix_rnn_scan(None, x, a, reset, None)
+        >>> torch.allclose(states[:, 1], a[:, 1] * x[:, 0] + x[:, 1]) and torch.equal(last, states[:, -1])
+        True
+    """
+    del self
+    gate = (recurrent_gate * ~reset).to(acc_dtype)
+    inputs = hidden_states.to(acc_dtype)
+    if recurrent_states is not None:  # fold the state before the prompt into its first step (a mask: no n - 1 slice)
+        first = torch.arange(inputs.shape[1], device=inputs.device)[None, :, None] == 0
+        inputs = inputs + first * (gate * recurrent_states[:, None].to(gate))
+    states = _prefix_states(gate.transpose(1, 2)[..., None], inputs.transpose(1, 2)[..., None])[..., 0].transpose(1, 2)
+    return states.to(hidden_states.dtype), states[:, -1]
+
+
+@contextlib.contextmanager
+def patch_rglru_scan(model: torch.nn.Module) -> Iterator[None]:
+    """Swap RecurrentGemma's per-token ``_rnn_scan`` loop for ``prefix_rnn_scan`` on ``model``'s RG-LRU classes.
+
+    ``RecurrentGemmaRglru._rnn_scan`` (transformers 5.x, ``modeling_recurrent_gemma.py``, ``for t in
+    range(hidden_states.shape[1])``) unrolls over the prompt, so ``torch.export`` makes ``sequence`` static, and
+    its ``shape[1] == 1`` branch guards on it. Steps aside for a model without such a class. Delete when
+    transformers' RG-LRU scans without a Python loop over time.
+    """
+    classes = {type(m) for m in model.modules() if "_rnn_scan" in vars(type(m)) and type(m).__name__.endswith("Rglru")}
+    with contextlib.ExitStack() as stack:
+        for cls in classes:
+            stack.enter_context(swap_attr(cls, "_rnn_scan", prefix_rnn_scan))
+        yield
+
+
 def ssm_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     """Return the SSM patches for ``model``, ready for ``with_patches`` (no-ops for a model without SSM layers).
 
@@ -358,11 +401,12 @@ def ssm_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
         model: the model to export; the scan patches are bound to it.
 
     Returns:
-        ``patch_linear_attention_conv_state``, then ``patch_mamba_selective_scan`` and ``patch_mamba2_chunk_scan`` bound to ``model``.
+        ``patch_linear_attention_conv_state``, then ``patch_mamba_selective_scan``, ``patch_mamba2_chunk_scan`` and
+        ``patch_rglru_scan`` bound to ``model``.
 
     Example:
         >>> [getattr(p, "func", p).__name__ for p in ssm_patches(torch.nn.Linear(1, 1))]
-        ['patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan']
+        ['patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan']
     """
-    bound = tuple(functools.partial(patch, model) for patch in (patch_mamba_selective_scan, patch_mamba2_chunk_scan))
+    bound = tuple(functools.partial(patch, model) for patch in (patch_mamba_selective_scan, patch_mamba2_chunk_scan, patch_rglru_scan))
     return (patch_linear_attention_conv_state, *bound)

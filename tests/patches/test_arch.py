@@ -9,8 +9,8 @@ from transformers.models.dinov2 import modeling_dinov2
 
 import hfx
 from hfx import zoo
-from hfx.patches import arch_patches, patch_position_interpolation
-from hfx.patches._arch import is_interpolating_vision_model
+from hfx.patches import arch_patches, patch_latent_attention_keys, patch_position_interpolation
+from hfx.patches._arch import concatenated_expand_kv, is_interpolating_vision_model
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE
 from tests.tolerances import FP32_SAME_KERNELS
 
@@ -49,5 +49,59 @@ def test_dinov2_exports_with_dynamic_image_size_and_matches_eager_at_a_new_size(
 
 
 def test_arch_patches_are_bound_to_the_model(dinov2):
-    (patch,) = arch_patches(dinov2)
-    assert patch.func is patch_position_interpolation and patch.args == (dinov2,)
+    patches = arch_patches(dinov2)
+    assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys]
+    assert all(p.args == (dinov2,) for p in patches)
+
+
+# patch_latent_attention_keys
+
+DEEPSEEK_V2 = "causal-lm:deepseek_v2"  # the generated zoo's tiny DeepSeek-V2: multi-head latent attention
+
+
+def _latent_attention(models) -> torch.nn.Module:
+    model = models(DEEPSEEK_V2)
+    return next(m for m in model.modules() if "expand_kv" in vars(type(m)))
+
+
+def test_concatenated_keys_are_the_references_bitwise(models):
+    attention = _latent_attention(models)
+    generator = torch.Generator().manual_seed(0)
+    kv_nope = torch.randn(2, 1, 5, attention.kv_b_proj.in_features, generator=generator)
+    k_rot = torch.randn(2, 1, 5, attention.qk_rope_head_dim, generator=generator)
+    with torch.no_grad():
+        reference = type(attention).expand_kv(attention, kv_nope, k_rot)
+        concatenated = concatenated_expand_kv(attention, kv_nope, k_rot)
+    assert all(torch.equal(a, b) for a, b in zip(concatenated, reference, strict=True))
+
+
+def test_latent_attention_keys_patch_only_the_models_own_classes(models, dinov2):
+    attention = type(_latent_attention(models))
+    original = vars(attention)["expand_kv"]
+    with patch_latent_attention_keys(models(DEEPSEEK_V2)):
+        assert vars(attention)["expand_kv"] is concatenated_expand_kv
+    with patch_latent_attention_keys(dinov2):
+        assert vars(attention)["expand_kv"] is original
+
+
+class _EmptyThenCopy(torch.nn.Module):
+    """The reference's pattern: keys written into halves of a ``new_empty`` tensor."""
+
+    def forward(self, nope, rope):
+        keys = nope.new_empty(*nope.shape[:-1], nope.shape[-1] + rope.shape[-1])
+        keys[..., : nope.shape[-1]].copy_(nope)
+        keys[..., nope.shape[-1]:].copy_(rope)
+        return keys
+
+
+def test_executorch_still_specialises_an_empty_the_keys_are_written_into():
+    """The canary: when ExecuTorch keeps this program's sequence dynamic, the patch can go."""
+    pytest.importorskip("executorch")
+    from executorch.exir import to_edge
+
+    sequence = torch.export.Dim("sequence", max=64)
+    program = torch.export.export(_EmptyThenCopy(), (torch.randn(2, 5, 3), torch.randn(2, 5, 2)),
+                                  dynamic_shapes=({1: sequence}, {1: sequence}))
+    assert isinstance(program.graph_module.graph.find_nodes(op="placeholder")[0].meta["val"].shape[1], torch.SymInt)
+    edge = to_edge(program).exported_program()
+    assert edge.graph_module.graph.find_nodes(op="placeholder")[0].meta["val"].shape[1] == 5

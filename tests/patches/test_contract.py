@@ -30,12 +30,15 @@ import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 from transformers import cache_utils
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.deepseek_v2 import modeling_deepseek_v2
 from transformers.models.dinov2 import modeling_dinov2
 from transformers.models.mamba import modeling_mamba
 from transformers.models.mamba2 import modeling_mamba2
 from transformers.models.mixtral import modeling_mixtral
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 from transformers.models.qwen2_vl import modeling_qwen2_vl
+from transformers.models.qwen3_next import modeling_qwen3_next
+from transformers.models.recurrent_gemma import modeling_recurrent_gemma
 
 import hfx
 from hfx import PatchError, patches, zoo
@@ -195,6 +198,12 @@ ROWS = (
         slots=lambda model: [(modeling_mamba, "mamba_selective_scan")]),
     Row(patch=patches.patch_mamba2_chunk_scan, args=_shared("mamba2"),
         slots=lambda model: [(modeling_mamba2, "mamba2_chunk_scan")]),
+    Row(patch=patches.patch_gated_delta_rule_chunk_scan, args=_shared("causal-lm:qwen3_next"),
+        slots=lambda model: [(modeling_qwen3_next, "torch_chunk_gated_delta_rule")]),
+    Row(patch=patches.patch_rglru_scan, args=_shared("causal-lm:recurrent_gemma"),
+        slots=lambda model: [(modeling_recurrent_gemma.RecurrentGemmaRglru, "_rnn_scan")]),
+    Row(patch=patches.patch_latent_attention_keys, args=_shared("causal-lm:deepseek_v2"),
+        slots=lambda model: [(modeling_deepseek_v2.DeepseekV2Attention, "expand_kv")]),
     Row(patch=patches.patch_position_interpolation, args=_shared("dinov2"),
         slots=lambda model: [(modeling_dinov2.Dinov2Embeddings, "interpolate_pos_encoding")], adds=True),
     Row(patch=patches.patch_dense_experts, args=_shared("mixtral"),

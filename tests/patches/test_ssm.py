@@ -9,6 +9,7 @@ from transformers import cache_utils
 from transformers.models.mamba import modeling_mamba
 from transformers.models.mamba2 import modeling_mamba2
 
+import hfx
 from hfx import zoo
 from hfx.patches import (
     patch_linear_attention_conv_state,
@@ -17,8 +18,14 @@ from hfx.patches import (
     ssm_patches,
     with_patches,
 )
-from hfx.patches._ssm import DEFAULT_PREFIX_SCAN_LENGTH, prefix_selective_scan, scanned_selective_scan
-from tests.tolerances import FP32_ONE_BLOCK, FP32_SAME_KERNELS
+from hfx.patches._ssm import (
+    DEFAULT_PREFIX_SCAN_LENGTH,
+    patch_rglru_scan,
+    prefix_rnn_scan,
+    prefix_selective_scan,
+    scanned_selective_scan,
+)
+from tests.tolerances import FP32_ONE_BLOCK, FP32_PARITY, FP32_SAME_KERNELS
 
 KERNEL = 4
 
@@ -170,9 +177,56 @@ def test_chunk_scan_touches_only_the_models_own_modules(mamba):
         assert vars(modeling_mamba2)["mamba2_chunk_scan"] is original
 
 
+# patch_rglru_scan
+
+RECURRENT_GEMMA = "causal-lm:recurrent_gemma"  # the generated zoo's tiny RecurrentGemma (RG-LRU and attention)
+
+
+def _rnn_scan_inputs(length: int, *, state: bool, reset_at: int | None = None) -> dict[str, torch.Tensor | None]:
+    gen = torch.Generator().manual_seed(length)
+    reset = torch.zeros(2, length, 1, dtype=torch.bool)
+    if reset_at is not None:
+        reset[:, reset_at] = True  # a document boundary inside the prompt
+    return {"hidden_states": torch.randn(2, length, 6, generator=gen), "recurrent_gate": torch.rand(2, length, 6, generator=gen),
+            "reset": reset, "recurrent_states": torch.randn(2, 6, generator=gen) if state else None}
+
+
+@pytest.mark.parametrize(("length", "reset_at"), [(1, None), (5, None), (17, 3), (40, 0)])
+@pytest.mark.parametrize("state", [False, True])
+def test_prefix_rnn_scan_is_the_reference_to_rounding(length, reset_at, state):
+    from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaRglru
+
+    inputs = _rnn_scan_inputs(length, state=state, reset_at=reset_at)
+    reference, reference_state = RecurrentGemmaRglru._rnn_scan(None, **inputs)  # noqa: SLF001 - the method patched
+    output, last = prefix_rnn_scan(None, **inputs)
+    torch.testing.assert_close(output, reference, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+    torch.testing.assert_close(last, reference_state, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+
+
+def test_rglru_scan_swaps_the_models_own_class_only(models, mamba):
+    from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaRglru
+
+    original = vars(RecurrentGemmaRglru)["_rnn_scan"]
+    with patch_rglru_scan(models(RECURRENT_GEMMA)):
+        assert vars(RecurrentGemmaRglru)["_rnn_scan"] is prefix_rnn_scan
+    with patch_rglru_scan(mamba):
+        assert vars(RecurrentGemmaRglru)["_rnn_scan"] is original
+
+
+def test_a_recurrent_gemma_exports_with_a_dynamic_prompt_and_matches_eager(models):
+    """Also the canary: the reference's loop still makes the prompt static without the patch."""
+    model = models(RECURRENT_GEMMA)
+    inputs = zoo.forward_inputs(RECURRENT_GEMMA, batch=2, sequence=7)
+    without = tuple(p for p in hfx.patches.default_patches(model) if getattr(p, "func", p) is not patch_rglru_scan)
+    assert "sequence" not in hfx.export(hfx.capture(inputs, model), patches=without).dynamic_shapes.names
+    exported = hfx.export(hfx.capture(inputs, model))
+    assert "sequence" in exported.dynamic_shapes.names
+    assert hfx.verify(model, zoo.forward_inputs(RECURRENT_GEMMA, batch=3, sequence=11), exported, atol=FP32_PARITY).passed
+
+
 def test_ssm_patches_are_a_plain_tuple_of_zero_argument_patches(mamba):
     patches = ssm_patches(mamba)
-    assert isinstance(patches, tuple) and len(patches) == 3
+    assert isinstance(patches, tuple) and len(patches) == 4
     with with_patches(*patches):
         assert modeling_mamba.mamba_selective_scan is prefix_selective_scan
     assert vars(modeling_mamba)["mamba_selective_scan"] is not prefix_selective_scan
