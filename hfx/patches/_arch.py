@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -112,6 +114,73 @@ def patch_latent_attention_keys(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
+def real_rotary_frequencies(self: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """A complex rotary embedding's ``forward`` with its ``cos + i sin`` as real pairs ``[..., dim / 2, 2]``."""
+    freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+    return torch.stack([freqs.cos(), freqs.sin()], dim=-1) * self.attention_scaling
+
+
+def rotated_pairs(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """``x``'s consecutive pairs as complex numbers times ``rotation`` (real pairs), as ``view_as_real`` lays it out.
+
+    Example:
+        >>> x, angle = torch.randn(1, 3, 4), torch.rand(1, 3, 2)
+        >>> complex_form = torch.view_as_real(torch.view_as_complex(x.reshape(1, 3, 2, 2)) * torch.polar(torch.ones_like(angle), angle))
+        >>> torch.allclose(rotated_pairs(x, torch.stack([angle.cos(), angle.sin()], -1)), complex_form.flatten(2))
+        True
+    """
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    real, imaginary, cos, sin = pairs[..., 0], pairs[..., 1], rotation[..., 0], rotation[..., 1]
+    return torch.stack([real * cos - imaginary * sin, real * sin + imaginary * cos], dim=-1).flatten(-2).type_as(x)
+
+
+def _real_rotary(head_axis: int) -> Any:
+    """An ``apply_rotary_emb(xq, xk, freqs)`` over real rotation pairs ``[batch, seq, dim / 2, 2]`` with a head axis
+    inserted at ``head_axis`` (1: queries ``[batch, heads, seq, dim]``; 2: ``[batch, seq, heads, dim]``)."""
+
+    def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rotation = freqs.unsqueeze(head_axis)
+        return rotated_pairs(xq, rotation), rotated_pairs(xk, rotation)
+
+    return apply_rotary_emb
+
+
+# Modeling modules whose text rotary embedding is complex (``torch.polar``, ``view_as_complex``): the class that
+# makes it and where ``apply_rotary_emb`` puts the head axis.
+_COMPLEX_ROTARY = {
+    "transformers.models.deepseek_v2.modeling_deepseek_v2": ("DeepseekV2RotaryEmbedding", 1),
+    "transformers.models.llama4.modeling_llama4": ("Llama4TextRotaryEmbedding", 2),
+}
+
+
+@contextlib.contextmanager
+def patch_complex_rotary(model: torch.nn.Module) -> Iterator[None]:
+    """Compute DeepSeek-V2's and Llama 4's complex rotary embedding in real arithmetic.
+
+    Their rotary module returns ``torch.polar(1, angle)`` and ``apply_rotary_emb`` multiplies
+    ``view_as_complex`` queries and keys by it (transformers 5.22-5.24). torch.onnx has no ONNX
+    function for the complex tensors' ops ("No ONNX function found for aten.unsqueeze.default"),
+    ExecuTorch no kernel ("view_as_complex_copy does not support"), OpenVINO no conversion. The
+    patch swaps the module's ``forward`` for ``real_rotary_frequencies`` (the same ``cos`` and ``sin``
+    as real pairs) and ``apply_rotary_emb`` for the same products written out, which equal the
+    complex ones to float rounding. A no-op for a model without those classes. Delete when
+    transformers writes these embeddings in real arithmetic.
+
+    Args:
+        model: the model to export; only the modules and classes it uses are patched.
+    """
+    from transformers.modeling_rope_utils import dynamic_rope_update
+
+    found = {type(m).__module__: type(m) for m in model.modules()
+             if _COMPLEX_ROTARY.get(type(m).__module__, ("",))[0] == type(m).__name__}
+    with contextlib.ExitStack() as stack:
+        for module_name, rotary in found.items():
+            stack.enter_context(swap_attr_on_each([rotary], "forward", dynamic_rope_update(real_rotary_frequencies)))
+            stack.enter_context(swap_attr_on_each([sys.modules[module_name]], "apply_rotary_emb",
+                                                  _real_rotary(_COMPLEX_ROTARY[module_name][1])))
+        yield
+
+
 def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     """Return the architecture patches for ``model``, bound to it (each a no-op where its pattern is absent).
 
@@ -119,10 +188,10 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
         model: the model to export.
 
     Returns:
-        ``patch_position_interpolation`` and ``patch_latent_attention_keys`` bound to ``model``.
+        ``patch_position_interpolation``, ``patch_latent_attention_keys`` and ``patch_complex_rotary`` bound to ``model``.
 
     Example:
         >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))]
-        ['patch_position_interpolation', 'patch_latent_attention_keys']
+        ['patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary']
     """
-    return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys))
+    return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary))

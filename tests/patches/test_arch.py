@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers.models.deepseek_v2 import modeling_deepseek_v2
 from transformers.models.dinov2 import modeling_dinov2
 
 import hfx
 from hfx import zoo
-from hfx.patches import arch_patches, patch_latent_attention_keys, patch_position_interpolation
+from hfx.patches import arch_patches, patch_complex_rotary, patch_latent_attention_keys, patch_position_interpolation
 from hfx.patches._arch import concatenated_expand_kv, is_interpolating_vision_model
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE
-from tests.tolerances import FP32_SAME_KERNELS
+from tests.tolerances import FP32_ONE_BLOCK, FP32_SAME_KERNELS
 
 EMBEDDINGS = modeling_dinov2.Dinov2Embeddings
 ORIGINAL = vars(EMBEDDINGS)["interpolate_pos_encoding"]
+ORIGINAL_ROTARY = vars(modeling_deepseek_v2)["apply_rotary_emb"]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def test_dinov2_exports_with_dynamic_image_size_and_matches_eager_at_a_new_size(
 
 def test_arch_patches_are_bound_to_the_model(dinov2):
     patches = arch_patches(dinov2)
-    assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys]
+    assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary]
     assert all(p.args == (dinov2,) for p in patches)
 
 
@@ -105,3 +107,43 @@ def test_executorch_still_specialises_an_empty_the_keys_are_written_into():
     assert isinstance(program.graph_module.graph.find_nodes(op="placeholder")[0].meta["val"].shape[1], torch.SymInt)
     edge = to_edge(program).exported_program()
     assert edge.graph_module.graph.find_nodes(op="placeholder")[0].meta["val"].shape[1] == 5
+
+
+# patch_complex_rotary
+
+
+def test_deepseek_v2_with_real_rotary_arithmetic_gives_eager_logits(models):
+    model = models(DEEPSEEK_V2)
+    inputs = zoo.forward_inputs(DEEPSEEK_V2, batch=2, sequence=7)
+    with torch.no_grad():
+        want = model(**inputs).logits
+        with patch_complex_rotary(model):
+            got = model(**inputs).logits
+            assert modeling_deepseek_v2.apply_rotary_emb is not ORIGINAL_ROTARY
+    assert modeling_deepseek_v2.apply_rotary_emb is ORIGINAL_ROTARY
+    torch.testing.assert_close(got, want, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+
+
+def test_complex_rotary_patches_only_the_models_own_modules(dinov2):
+    from transformers.models.llama4 import modeling_llama4
+
+    original = vars(modeling_llama4)["apply_rotary_emb"]
+    with patch_complex_rotary(dinov2):
+        assert modeling_deepseek_v2.apply_rotary_emb is ORIGINAL_ROTARY
+        assert vars(modeling_llama4)["apply_rotary_emb"] is original
+
+
+class _ComplexRotation(torch.nn.Module):
+    """DeepSeek-V2's rotation: complex frequencies broadcast over heads (``unsqueeze(1)``)."""
+
+    def forward(self, x, angle):
+        frequencies = torch.polar(torch.ones_like(angle), angle).unsqueeze(1)
+        rotated = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * frequencies
+        return torch.view_as_real(rotated).flatten(3)
+
+
+def test_torch_onnx_still_has_no_function_for_complex_rotation():
+    """The canary: when torch.onnx exports complex multiplication, the patch can go (for ONNX at least)."""
+    pytest.importorskip("onnxscript")
+    with pytest.raises(Exception, match="No ONNX function found|Unsupported|complex"):
+        torch.onnx.export(_ComplexRotation(), (torch.randn(1, 2, 3, 4), torch.rand(1, 3, 2)), dynamo=True, verbose=False)
