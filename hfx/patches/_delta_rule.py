@@ -152,6 +152,11 @@ def _with_reference_signature(core: Callable[..., tuple[torch.Tensor, torch.Tens
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         del kwargs  # cu_seqlens: the references' torch paths ignore it too
         dtype, length = query.dtype, query.shape[1]
+        # transformers 5.24's gated delta rule takes one query / key head per group of value heads and repeats
+        # them itself; 5.22 and 5.23 repeat them before the call, so this is a no-op there.
+        groups = value.shape[2] // key.shape[2]
+        if groups > 1:
+            query, key = query.repeat_interleave(groups, dim=2), key.repeat_interleave(groups, dim=2)
         chunked = _chunked_inputs(query, key, value, g, beta, chunk_size, use_qk_l2norm_in_kernel)
         core_output, states = core(*chunked, _initial_state(initial_state, chunked[1], value.shape[-1]))
         return _outputs(core_output, states, length, dtype, output_final_state)

@@ -57,6 +57,18 @@ def test_the_prefix_form_is_the_reference_to_rounding(rule, length, chunk, initi
     assert prefix_rule(**inputs, chunk_size=chunk)[1] is None  # the state only when asked
 
 
+def test_query_and_key_heads_are_repeated_for_grouped_value_heads():
+    """transformers 5.24 passes one query / key head per group of value heads; 5.22 repeats them before the call."""
+    inputs = _delta_rule_inputs(9, heads=4)
+    grouped = {**inputs, "query": inputs["query"][:, :, ::2], "key": inputs["key"][:, :, ::2]}
+    repeated = {**inputs, "query": grouped["query"].repeat_interleave(2, dim=2), "key": grouped["key"].repeat_interleave(2, dim=2)}
+    settings = {"chunk_size": 8, "output_final_state": True, "use_qk_l2norm_in_kernel": True}
+    reference, reference_state = modeling_qwen3_next.torch_chunk_gated_delta_rule(**repeated, **settings)
+    output, state = prefix_chunk_gated_delta_rule(**grouped, **settings)
+    torch.testing.assert_close(output, reference, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+    torch.testing.assert_close(state, reference_state, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+
+
 def test_the_unit_lower_inverse_is_the_triangular_solve():
     strict = torch.randn(3, 16, 16, generator=torch.Generator().manual_seed(0)).tril(-1) * 0.3
     identity = torch.eye(16).expand(3, 16, 16)
@@ -89,7 +101,7 @@ def test_the_reference_makes_the_length_static_and_the_prefix_form_keeps_it(rule
     reference_rule, prefix_rule, decays = RULES[rule]
     inputs = _delta_rule_inputs(6, decays=decays)
     inputs.pop("initial_state")
-    length = torch.export.Dim("length", max=512)
+    length = torch.export.Dim("length", max=64)
     shapes = {name: {1: length} for name in inputs}
     with pytest.raises(torch._dynamo.exc.UserError, match="length"):  # noqa: SLF001
         torch.export.export(_DeltaRule(reference_rule), (), inputs, dynamic_shapes=shapes)
