@@ -147,8 +147,9 @@ def refine(shapes: DynamicShapes, message: str) -> DynamicShapes | None:
         else:
             return None
     static |= {name for name, expr in derived.items() if derived_dim(expr)[0] in static}  # follows a static dim
+    # An axis already named by another dim (``past_sequence + 1``, from decompose) is static when that dim is.
     axes = {
-        leaf: {a: derived.get(d, d) for a, d in per_axis.items() if d not in static}
+        leaf: {a: derived.get(d, d) for a, d in per_axis.items() if derived_dim(d)[0] not in static}
         for leaf, per_axis in shapes.axes.items()
     }
     return DynamicShapes(axes=axes, bounds={d: b for d, b in bounds.items() if d not in static and d not in derived})

@@ -37,6 +37,17 @@ def test_refine_derives_a_dim_torch_relates_to_another():
     assert str(spec["attention_mask"][1]) == str(spec["k"][2] + 1)
 
 
+def test_refine_makes_an_axis_named_by_a_static_dim_static_too():
+    """A one-token step's mask axis is named ``past_sequence + 1`` by decompose; a model whose cache keeps a fixed
+    length (HY-V4) makes ``past_sequence`` static, and the mask's axis is then static too, not a dangling name."""
+    shapes = hfx.DynamicShapes(axes={"k": {0: "batch", 2: "past_sequence"}, "attention_mask": {1: "past_sequence + 1"}},
+                               bounds={"batch": (1, None), "past_sequence": (1, 2048)})
+    refined = refine(shapes, "Constraints violated (past_sequence)!\nSuggested fixes:\n  past_sequence = 8\n")
+    assert dict(refined.axes["k"]) == {0: "batch"} and dict(refined.axes["attention_mask"]) == {}
+    assert refined.bounds == {"batch": (1, None)}
+    to_torch(refined, {"k": torch.ones(2, 1, 8), "attention_mask": torch.ones(2, 9)})  # every name is a dim
+
+
 def test_derived_dim_reads_base_and_offset():
     assert derived_dim("past_sequence + 1") == ("past_sequence", 1)
     assert derived_dim("total_sequence - 2") == ("total_sequence", -2)
