@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hfx.patches._core import Patch, swap_attr_on_each
+from hfx.patches._core import Patch, swap_attr, swap_attr_on_each
 
 
 def always_interpolated_positions(self: torch.nn.Module, embeddings: torch.Tensor, height: int,
@@ -175,9 +175,9 @@ def patch_complex_rotary(model: torch.nn.Module) -> Iterator[None]:
              if _COMPLEX_ROTARY.get(type(m).__module__, ("",))[0] == type(m).__name__}
     with contextlib.ExitStack() as stack:
         for module_name, rotary in found.items():
-            stack.enter_context(swap_attr_on_each([rotary], "forward", dynamic_rope_update(real_rotary_frequencies)))
-            stack.enter_context(swap_attr_on_each([sys.modules[module_name]], "apply_rotary_emb",
-                                                  _real_rotary(_COMPLEX_ROTARY[module_name][1])))
+            stack.enter_context(swap_attr(rotary, "forward", dynamic_rope_update(real_rotary_frequencies)))
+            stack.enter_context(swap_attr(sys.modules[module_name], "apply_rotary_emb",
+                                          _real_rotary(_COMPLEX_ROTARY[module_name][1])))
         yield
 
 

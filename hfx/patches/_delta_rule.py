@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from hfx.patches._core import swap_attr_on_each
-from hfx.patches._ssm import _longest, _modules_defining
+from hfx.patches._ssm import _longest, _modules_defining, _shifted, padded_in_time
+
 
 def _l2_normalized(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x`` over the root of its squared last axis plus ``eps``, as transformers' ``l2norm`` (the FLA library's)."""
@@ -57,11 +57,6 @@ def unit_lower_inverse(strict: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
-def _earlier(x: torch.Tensor, offset: int) -> torch.Tensor:
-    """``x`` moved ``offset`` chunks later along the chunk axis (dim 2), zeros in front; the same length."""
-    return F.pad(x, (0, 0, 0, 0, offset, 0))[:, :, : x.shape[2]]
-
-
 def chunk_states(transition: torch.Tensor, update: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
     """The state ``[b, h, n, dk, dv]`` that enters each chunk of ``S_{i+1} = transition_i @ S_i + update_i``.
 
@@ -86,12 +81,12 @@ def chunk_states(transition: torch.Tensor, update: torch.Tensor, initial: torch.
     offset = 1
     while offset < _longest(chunks):
         # Chunks before ``offset`` have nothing earlier: the identity transition and no update.
-        earlier_transition = _earlier(transition, offset) + eye * (index < offset)
-        update = transition @ _earlier(update, offset) + update
+        earlier_transition = _shifted(transition, offset, 0.0) + eye * (index < offset)
+        update = transition @ _shifted(update, offset, 0.0) + update
         transition = transition @ earlier_transition
         offset *= 2
     # Entering chunk i is the state after chunk i - 1.
-    return _earlier(update, 1) + (index == 0) * initial[:, :, None]
+    return _shifted(update, 1, 0.0) + (index == 0) * initial[:, :, None]
 
 
 def _chunked_inputs(
@@ -107,7 +102,7 @@ def _chunked_inputs(
         query, key = _l2_normalized(query), _l2_normalized(key)
     query = query * query.shape[-1] ** -0.5
     pad = (length + 2 * chunk_size - 1) // chunk_size * chunk_size - length
-    query, key, value, beta, g = (F.pad(x, (0, 0) * (x.ndim - 3) + (0, pad)) for x in (query, key, value, beta, g))
+    query, key, value, beta, g = (padded_in_time(x, 0, pad) for x in (query, key, value, beta, g))
     v_beta, k_beta = value * beta[..., None], key * beta[..., None]
     chunked = (x.reshape(x.shape[0], x.shape[1], -1, chunk_size, *x.shape[3:]) for x in (query, key, k_beta, v_beta, g))
     return tuple(chunked)

@@ -168,9 +168,14 @@ def scanned_selective_scan(
     return outputs.permute(1, 2, 0), last_state
 
 
+def padded_in_time(x: torch.Tensor, front: int, back: int = 0, fill: float = 0.0) -> torch.Tensor:
+    """``x`` with ``front`` and ``back`` steps of ``fill`` along time (dim 2), whatever its rank."""
+    return F.pad(x, (0, 0) * (x.ndim - 3) + (front, back), value=fill)
+
+
 def _shifted(x: torch.Tensor, offset: int, fill: float) -> torch.Tensor:
     """``x`` moved ``offset`` steps later along time (dim 2), ``fill`` in front; the same length."""
-    return F.pad(x, (0, 0, offset, 0), value=fill)[:, :, : x.shape[2]]
+    return padded_in_time(x, offset, fill=fill)[:, :, : x.shape[2]]
 
 
 def _prefix_combined(
