@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import warnings
 
@@ -10,11 +12,55 @@ import torch
 
 import hfx
 from hfx import zoo
+from tests import shared_exports
 from tests.helpers import decomposed_by_name, exported_by_name, memoized, one_layer
+
+def pytest_collection_finish(session):
+    # torch.export and the lowerings allocate millions of short-lived objects, and each full collection walks every
+    # live one: the ~600k of the imported packages and the collected tests are frozen out of those walks, and young
+    # collections run every 20k allocations instead of 700 (garbage collection was 9% of a lowering here).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
+
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers on two cores: one thread each, so they do not fight over the cores.
     torch.set_num_threads(1)
+
+
+_SHARING = pytest.MonkeyPatch()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fresh_exports: every export in the test traces afresh (tests/shared_exports.py)")
+    import hfx._export.export as module
+
+    _SHARING.setattr(module, "exported_from_flat", shared_exports.sharing(module.exported_from_flat))
+
+
+# The tests of export itself, of its patches and of what it leaves behind when a stage fails or runs in threads.
+_FRESH_EXPORTS = ("tests/_export/", "tests/patches/", "tests/test_faults.py", "tests/test_purity.py",
+                  "tests/test_pytree_registry.py", "tests/test_threads.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.path.relative_to(config.rootpath).as_posix()
+        if path.startswith(_FRESH_EXPORTS):
+            item.add_marker(pytest.mark.fresh_exports)
+
+
+def pytest_unconfigure(config):
+    _SHARING.undo()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_exports_where_asked(request):
+    """Tests of export itself (marked ``fresh_exports``) and tests that monkeypatch code trace every export again."""
+    fresh = request.node.get_closest_marker("fresh_exports") is not None or "monkeypatch" in request.fixturenames
+    with shared_exports.suspended() if fresh else contextlib.nullcontext():
+        yield
 
 
 @pytest.fixture(autouse=True)

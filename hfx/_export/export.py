@@ -63,15 +63,21 @@ def export(
     flat = flatten_signature(capture)
     shapes = infer_dynamic_shapes(flat, bounds=bounds)
     chosen = default_patches(capture.source) if patches is None else _checked_patches(patches)
-    with registered_caches(cache_classes(capture.source)):  # io_spec and module() walk cache outputs
-        program, shapes = _export_refining(flat, shapes, chosen)
+    return exported_from_flat(flat, shapes, chosen)
+
+
+def exported_from_flat(flat: Capture, shapes: DynamicShapes, patches: tuple[Patch, ...]) -> Exported:
+    """The ``Exported`` record of a flat capture traced under ``patches`` with ``shapes``: ``export`` once its
+    options are read (a new program on every call)."""
+    with registered_caches(cache_classes(flat.source)):  # io_spec and module() walk cache outputs
+        program, shapes = _export_refining(flat, shapes, patches)
         io = io_spec(program, flat, shapes)
         return Exported(
             program=without_constant_outputs(program),
             io=io,
             dynamic_shapes=shapes,
-            name=capture.name,
-            source_class=type(capture.source).__name__,
+            name=flat.name,
+            source_class=type(flat.source).__name__,
         )
 
 
