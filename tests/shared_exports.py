@@ -165,8 +165,9 @@ def sharing(original: Any, kept: int = KEPT) -> Any:
 
     @functools.wraps(original)
     def shared(flat: Any, shapes: Any, patches: Any) -> Any:
-        if getattr(_SUSPENDED, "on", False) or threading.current_thread() is not threading.main_thread():
-            return original(flat, shapes, patches)
+        if (getattr(_SUSPENDED, "on", False) or threading.current_thread() is not threading.main_thread()
+                or isinstance(flat.source, torch.fx.GraphModule)):  # a lowering's re-export of its own graph: never
+            return original(flat, shapes, patches)  # seen again, it would only push shared exports out of the store
         key, pinned = fingerprint(flat.module, flat.source, dict(flat.kwargs), dict(flat.constants), flat.name,
                                   shapes, tuple(patches))
         with lock:
