@@ -15,6 +15,7 @@ from hfx import zoo
 from tests import shared_exports
 from tests.helpers import decomposed_by_name, exported_by_name, memoized, one_layer
 
+
 def pytest_collection_finish(session):
     # torch.export and the lowerings allocate millions of short-lived objects, and each full collection walks every
     # live one: the ~600k of the imported packages and the collected tests are frozen out of those walks, and young

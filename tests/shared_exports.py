@@ -38,6 +38,7 @@ class _Fingerprint:
     def __init__(self) -> None:
         self.digest = hashlib.sha1()
         self.seen: dict[int, int] = {}
+        self.walked: list[Any] = []  # alive while the walk lasts: a temporary's id must not be reused inside it
         self.pinned: list[Any] = []
 
     def emit(self, *parts: Any) -> None:
@@ -52,7 +53,7 @@ class _Fingerprint:
             self.emit("ref", self.seen[key])
             return
         self.seen[key] = len(self.seen)
-        self.pinned.append(value)
+        self.walked.append(value)
         if isinstance(value, torch.Tensor):
             self._tensor(value)
         elif isinstance(value, torch.nn.Module):
@@ -90,11 +91,13 @@ class _Fingerprint:
                 self.walk(getattr(value, name, None))
         else:
             self.emit("identity", type(value).__qualname__, key)
+            self.pinned.append(value)
 
     def _tensor(self, tensor: torch.Tensor) -> None:
         meta = (tensor.dtype, tuple(tensor.shape), tensor.stride(), tensor.requires_grad, type(tensor).__qualname__)
         if type(tensor) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer) or tensor.is_meta:
             self.emit("tensor by identity", meta, id(tensor))
+            self.pinned.append(tensor)
             return
         data = tensor.detach().contiguous().reshape(-1)
         self.emit("tensor", meta, hashlib.sha1(data.view(torch.uint8).numpy().tobytes()).hexdigest() if data.numel() else "")
