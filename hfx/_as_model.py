@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hfx._capture.cross_cache import CROSS_KEY, filled_cross_cache, split_encoder_output, stacked_cross_cache
-from hfx._capture.decompose import prompt_component
+from hfx._capture.decompose import prompt_component, step_component
 from hfx._capture.positions import model_class
 from hfx._contract import input_keys
 from hfx._errors import InputError, argument_error
@@ -78,16 +78,16 @@ def _check(programs: Any) -> None:
     if not isinstance(programs, Components):
         raise argument_error("as_model(programs)", "programs", "the Components of decompose", programs)
     roles = programs.meta.roles
-    if "decode" not in programs or not programs.meta.model.class_name:
-        msg = ("as_model takes the Components of decompose (a 'decode' component and the model's class), exported, "
-               f"lowered or loaded; got {list(programs)}")
+    if step_component(programs) is None or not programs.meta.model.class_name:
+        msg = ("as_model takes the Components of decompose (a 'decode' component, or a 'language_model' that takes "
+               f"the steps, and the model's class), exported, lowered or loaded; got {list(programs)}")
         raise ValueError(msg)
     if roles.internal_cache_length is not None:
         msg = ("as_model: the decode component keeps its KV cache in the program's buffers "
                "(decompose(internal_cache_length=...)), one sequence at a time, which transformers' generate cannot "
                "hand in nor reorder. Decompose without internal_cache_length for as_model, or run hfx.generate.")
         raise ValueError(msg)
-    if getattr(programs["decode"], "state", ()) and prompt_component(programs) != "decode":
+    if getattr(programs.get("decode"), "state", ()) and prompt_component(programs) != "decode":
         msg = (f"as_model: the decode component keeps its cache inside the runtime, so it prefills too; the "
                f"{prompt_component(programs)!r} component cannot hand it a cache. Decompose with "
                "multi_token_decode=True (no prefill component).")
@@ -142,7 +142,7 @@ def _generate(self: Any, *args: Any, **kwargs: Any) -> Any:
     settings = kwargs.get("generation_config") or self.generation_config
     drafts = [key for key in ("assistant_model", "prompt_lookup_num_tokens")
               if kwargs.get(key) is not None or getattr(settings, key, None) is not None]
-    if drafts and getattr(self.hfx_programs["decode"], "state", ()):
+    if drafts and getattr(self.hfx_programs.get("decode"), "state", ()):
         raise ValueError(RuntimeCache.CANNOT_CROP)
     with spec_caches(*(program.io for program in self.hfx_programs.values())):
         return super(type(self), self).generate(*args, **kwargs)
@@ -202,7 +202,7 @@ def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     cache_key = cache_argument(state) or meta.roles.cache_input or "past_key_values"
     cache = state.get(cache_key)
     past = int(cache.get_seq_length()) if cache is not None else 0
-    name = prompt_component(programs) if past == 0 else "decode"
+    name = prompt_component(programs) if past == 0 else step_component(programs)
     program = programs[name]
     if getattr(program, "state", ()):
         return _stateful_forward(programs, program, state, cache_key, past, mask_key, encoder_decoder)

@@ -22,7 +22,7 @@ from toolz import curry
 from torch.utils import _pytree as pytree
 
 from hfx._capture.cross_cache import split_encoder_output, with_cross_cache
-from hfx._capture.decompose import prompt_component
+from hfx._capture.decompose import prompt_component, step_component
 from hfx._capture.positions import next_positions, prompt_positions, text_positions
 from hfx._capture.vision_inputs import computed_vision_inputs
 from hfx._contract import input_keys, load_spec
@@ -159,8 +159,9 @@ def generate(
         torch.Size([1, 7])
     """
     _check_order(inputs, programs)
-    if "decode" not in programs:
-        msg = f"generate takes the Components of decompose (with a 'decode' component), exported or lowered; got {list(programs)}"
+    if step_component(programs) is None:
+        msg = ("generate takes the Components of decompose (with a 'decode' component, or a 'language_model' that "
+               f"takes the steps), exported or lowered; got {list(programs)}")
         raise InputError(msg)
     if settings is not None and not isinstance(settings, Mapping):
         msg = f"generate: settings must be a mapping of generation settings, got {type(settings).__name__}"
@@ -354,10 +355,27 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         for key, value in _GENERATED_TOKEN_TYPES.items():
             if key in state:
                 state[key] = torch.full_like(new_tokens, value, dtype=state[key].dtype)
-        if decode is None:  # a decode that also prefilled goes on with its run (a stateful one's session)
-            decode = DecodeSteps(programs["decode"], run if name == "decode" else runner(programs["decode"]),
-                                 cache_key=cache_key)
+        if decode is None:
+            decode = _steps_after_the_prompt(programs, name, run, cache_key)
     return ids
+
+
+def _steps_after_the_prompt(programs: Components, name: str, run: Any, cache_key: str) -> Any:
+    """``steps(state) -> logits`` for the steps after the prompt's.
+
+    The ``decode`` component's (a decode that also prefilled goes on with ``run``,
+    a stateful one's session), else a split prefill's parts, whose language model
+    takes the steps too: ``embed_tokens``, ``language_model``, ``lm_head``.
+    """
+    if "decode" in programs:
+        return DecodeSteps(programs["decode"], run if name == "decode" else runner(programs["decode"]), cache_key=cache_key)
+
+    def through_the_parts(state: dict[str, Any]) -> torch.Tensor:
+        logits, returned = _split_prefill(programs, state, {})
+        state[cache_key] = returned or state[cache_key]
+        return logits
+
+    return through_the_parts
 
 
 def with_positions(programs: Components, sections: int, state: dict[str, Any], new_tokens: torch.Tensor,

@@ -156,7 +156,8 @@ _GENERATION_CASES = [
          r"generate: programs \(the last argument\) must be the Components of decompose, got Exported"),
     Case("generate-an-encoder-only-export", lambda ll: hfx.generate(zoo.inputs("bert"), hfx.decompose(
          hfx.capture(zoo.inputs("bert"), zoo.build("bert")))), hfx.InputError,
-         r"generate takes the Components of decompose \(with a 'decode' component\), exported or lowered; got \['model'\]"),
+         r"generate takes the Components of decompose \(with a 'decode' component, or a 'language_model' that takes the "
+         r"steps\), exported or lowered; got \['model'\]"),
 ]
 
 

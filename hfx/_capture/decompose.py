@@ -62,6 +62,11 @@ def as_multi_token_call(call: Mapping[str, Any]) -> dict[str, Any]:
     return {**call, "logits_to_keep": 0} if "logits_to_keep" in call else dict(call)
 
 
+# Per-token inputs of a step and their token axis (M-RoPE's position ids are [sections, batch, tokens]).
+_TOKEN_AXES = {"input_ids": -1, "decoder_input_ids": -1, "position_ids": -1, "cache_position": -1,
+               "decoder_position_ids": -1, "inputs_embeds": -2}
+
+
 def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """One decode call for two query tokens: the first step's cache, both steps' new tokens.
 
@@ -69,9 +74,9 @@ def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[s
     block of speculative tokens needs; generate reads the last one.
     """
     merged = as_multi_token_call(first)
-    for key in ("input_ids", "decoder_input_ids", "position_ids", "cache_position", "decoder_position_ids"):
+    for key, axis in _TOKEN_AXES.items():
         if isinstance(first.get(key), torch.Tensor) and isinstance(second.get(key), torch.Tensor):
-            merged[key] = torch.cat([first[key], second[key]], dim=-1)
+            merged[key] = torch.cat([first[key], second[key]], dim=axis)
     for key in ("attention_mask", "decoder_attention_mask"):
         if isinstance(second.get(key), torch.Tensor):
             merged[key] = second[key]
@@ -179,15 +184,21 @@ def decompose(
     ``audio_encoder`` (the model's ``get_<modality>_features``, which
     ``generate()`` runs before ``forward``, up to the projector's input),
     ``projector`` (``<modality>_projector`` when there are several),
-    ``embed_tokens``, ``language_model`` (``get_decoder()``), ``lm_head`` and
-    ``decode``; a model that does not generate gives one component,
-    ``model`` (its ``meta`` holds only the model's class and config). With ``multi_token_decode`` there is no ``prefill``: the decode
-    graph takes 1..N new tokens over a past of 0..N, so it prefills too. That
-    is the default for a text decoder whose cache is all full-attention layers
-    (a Llama, Qwen, Phi ...) and for an encoder-decoder as above (T5, BART,
-    Marian, Whisper ...): the decoder's weights are then in one graph, stored
-    and loaded once on every runtime, where ``prefill`` and ``decode`` would
-    each hold a copy.
+    ``embed_tokens``, ``language_model`` (``get_decoder()``) and ``lm_head``,
+    where the language model takes the prompt's embeddings (the features
+    written over the placeholder tokens) and each step's, when its cache is all
+    full-attention layers (LLaVA, Qwen2-VL, SmolVLM ...), else those and
+    ``decode``; a model whose forward builds its language model's mask itself
+    (PaliGemma, Gemma 3) gives its encoders, ``prefill`` and ``decode``. A model
+    that does not generate gives one component, ``model`` (its ``meta`` holds
+    only the model's class and config). With ``multi_token_decode`` there is no
+    ``prefill``: the decode graph (a multimodal model's language model) takes
+    1..N new tokens over a past of 0..N, so it prefills too. That is the
+    default for a text decoder whose cache is all full-attention layers (a
+    Llama, Qwen, Phi ...), for an encoder-decoder as above (T5, BART, Marian,
+    Whisper ...) and for a multimodal model as above: the decoder's weights are
+    then in one graph, stored and loaded once on every runtime, where
+    ``prefill`` and ``decode`` would each hold a copy.
 
     With ``internal_cache_length`` a text decoder gives one component,
     ``decode``, in the contract of ExecuTorch's LLM runner: ``forward(tokens
@@ -200,10 +211,11 @@ def decompose(
         capture: a ``Capture`` of generate inputs.
         multi_token_decode: make one decode graph take 1..N new tokens at once
             (prefill with an empty cache, ordinary decode, speculative blocks).
-            ``None`` (default): for a text decoder or an encoder-decoder with a
-            full-attention cache and no static cache (an encoder-decoder's encoder
-            must reproduce the cross-attention cache); ``False`` keeps a separate
-            ``prefill``.
+            ``None`` (default): for a text decoder, an encoder-decoder or a split
+            multimodal prefill's language model with a full-attention cache and no
+            static cache (an encoder-decoder's encoder must reproduce the
+            cross-attention cache); ``False`` keeps a separate ``prefill`` (the
+            language model prefills, ``decode`` steps).
         generation_config: passed to ``generate`` (e.g. a static cache).
         internal_cache_length: keep the KV cache inside the decode graph, in
             buffers of this many positions (batch 1; ExecuTorch's runner contract).
@@ -221,7 +233,8 @@ def decompose(
             with full-attention layers, or not an int >= 2; ``multi_token_decode`` or
             ``generation_config`` for a model that does not generate;
             ``multi_token_decode=True`` for an encoder-decoder whose first decoder step
-            does more than fill the cross-attention cache.
+            does more than fill the cross-attention cache, or a multimodal model whose
+            language model cannot take the prompt and the steps.
         ImportError: ``custom_ops`` without executorch.
 
     Example:
@@ -249,7 +262,11 @@ def decompose(
     steps = _steps(model, inputs, merge)
     recorded = recorded_generate(model, inputs, steps, generation_config)
     calls = recorded.calls
-    if multi_token_decode is None:  # the default merges only what one graph can fill from an empty cache
+    multimodal = bool(feature_methods(model))
+    language_model = _merged_language_model(model, recorded, merge, asked=multi_token_decode) if multimodal else None
+    if multimodal:  # its steps merge in the language model, if anywhere: a whole forward takes the features
+        merge = False
+    elif multi_token_decode is None:  # the default merges only what one graph can fill from an empty cache
         merge = merge and full_attention_cache(calls)
     decode = _pick_decode(calls, multi_token=merge)
     if not calls or decode is None:
@@ -275,19 +292,50 @@ def decompose(
     if cross_encoder is not None:  # the decode graph's first step reads the cross-attention cache
         # The wrapper is the source: export flattens and patches what it traces (it holds the model).
         parts["encoder"] = attrs.evolve(parts["encoder"], module=cross_encoder, source=cross_encoder)
-    decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
-    parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=merge))
+    if language_model is not None:  # the language model takes the prompt's embeddings and every step's
+        parts["language_model"] = attrs.evolve(language_model, dynamic_shapes=_decode_shapes(language_model, multi_token=True))
+    else:
+        decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
+        parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=merge))
     if settings.is_encoder_decoder:  # some generate()s (Whisper's) return the decoder ids without the start token
         settings = attrs.evolve(settings, returns_start_token=recorded.length == steps + 1)
     encoders = {f"{m}_encoder": m for m in feature_methods(model) if f"{m}_encoder" in parts}
     roles = ComponentRoles(
         feature_encoders=encoders,
         projectors=recorded.projectors,
-        cache_input=next((k for k, v in decode.items() if is_cache(v)), None),
+        cache_input=next((k for k, v in (language_model.kwargs if language_model else decode).items() if is_cache(v)), None),
         placeholder_tokens=placeholder_tokens(model, tuple(encoders.values())),
     )
     meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model), encoder_inputs=recorded.encoder_inputs)
     return Components(items=parts, meta=meta)
+
+
+def _merged_language_model(model: torch.nn.Module, recorded: Any, merge: bool, *, asked: bool | None) -> Capture | None:
+    """A split multimodal prefill's language model over two merged steps, which also takes the prompt; ``None``
+    when ``merge`` is off, the prefill stays whole or the cache is not all full-attention layers.
+
+    The prompt's embeddings (with the features written in) and each step's go through
+    one graph, so its weights are stored once; generate steps through ``embed_tokens``,
+    ``language_model`` and ``lm_head``.
+
+    Raises:
+        ValueError: ``asked`` (``multi_token_decode=True``) and the language model cannot take the steps.
+    """
+    calls = recorded.part_calls.get("language_model", [])
+    mergeable = merge and len(calls) >= 3 and full_attention_cache(calls)  # noqa: PLR2004 - the prompt and two steps
+    if asked and not mergeable:
+        msg = (f"decompose(multi_token_decode=True): {type(model).__name__}'s prefill cannot be split around a "
+               "language model that takes the 2D padding mask, or its cache is not all full-attention layers, so "
+               "one graph cannot take the prompt and the steps; decompose with multi_token_decode=None or False")
+        raise ValueError(msg)
+    if not mergeable:
+        return None
+    step = next((index for index, call in enumerate(calls[1:], start=1) if (_past_length(call) or 0) >= _MIN_PAST), None)
+    if step is None or step + 1 >= len(calls):
+        return None
+    module = recorded.parts["language_model"][0]
+    kwargs = _merge_decode_steps(calls[step], calls[step + 1])
+    return Capture(module=module, source=module, kwargs=kwargs, name="language_model")
 
 
 def _cross_cache_encoder(model: torch.nn.Module, settings: GenerationSettings) -> Any:
@@ -359,10 +407,10 @@ def _generation_settings(model: torch.nn.Module, generation_config: Any = None) 
 
 
 def _may_merge_steps(model: torch.nn.Module, generation_config: Any) -> bool:
-    """Whether ``model`` is a text decoder whose steps ``decompose`` merges by default (its cache decides after)."""
+    """Whether ``decompose`` merges ``model``'s steps by default: without a static cache (the recorded cache,
+    and for a multimodal model the split of its prefill, decide after)."""
     config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
-    static = getattr(config, "cache_implementation", None) is not None
-    return not (static or feature_methods(model))
+    return getattr(config, "cache_implementation", None) is None
 
 
 def prompt_component(names: Iterable[str]) -> str | None:
@@ -370,6 +418,13 @@ def prompt_component(names: Iterable[str]) -> str | None:
     ``prefill``, else ``decode`` (one graph for prompt and steps); ``None`` without any."""
     names = set(names)
     return next((name for name in ("language_model", "prefill", "decode") if name in names), None)
+
+
+def step_component(names: Iterable[str]) -> str | None:
+    """Which of the components ``names`` takes the steps after the prompt: ``decode``, else a split multimodal
+    prefill's ``language_model`` (it takes the steps too when there is no ``decode``); ``None`` without either."""
+    names = set(names)
+    return next((name for name in ("decode", "language_model") if name in names), None)
 
 
 def full_attention_cache(calls: list[dict[str, Any]]) -> bool:

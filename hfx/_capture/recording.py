@@ -83,7 +83,11 @@ def _recording_method(owner: torch.nn.Module, name: str, calls: list[dict[str, A
 
 @attrs.frozen(kw_only=True, eq=False)
 class Recorded:
-    """What one ``generate`` run called: encoders and prefill parts (module, kwargs), and the forward calls as the graphs take them."""
+    """What one ``generate`` run called: encoders and prefill parts (module, kwargs), and the forward calls as the graphs take them.
+
+    ``part_calls``: every call of each prefill part (the prompt's, then one per
+    step), empty when the prefill stays whole.
+    """
 
     encoders: dict[str, tuple[torch.nn.Module, dict[str, Any]]]
     parts: dict[str, tuple[torch.nn.Module, dict[str, Any]]]
@@ -91,6 +95,7 @@ class Recorded:
     encoder_inputs: dict[str, EncoderInputs]
     calls: list[dict[str, Any]]
     length: int
+    part_calls: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict)
 
 
 
@@ -168,13 +173,15 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
         f"{modality}_projector" if len(used) > 1 else "projector": (projector_modules[name], part_calls[name][0][1])
         for modality, name in used.items()
     }
+    every_call: dict[str, list[dict[str, Any]]] = {}
     if any(part_calls[name] for name in parts) and encoders and split:
         recorded_parts.update({name: (module, part_calls[name][0]) for name, module in parts.items() if part_calls[name]})
+        every_call = {name: part_calls[name] for name in parts if part_calls[name]}
     projector_of = {modality: f"{modality}_projector" if len(used) > 1 else "projector" for modality in used}
     calls = [_with_step_token_types(_with_features_only(_with_2d_mask(call, inputs, index)))
              for index, call in enumerate(calls)]
     return Recorded(encoders=encoders, parts=recorded_parts, projectors=projector_of, encoder_inputs=encoder_inputs,
-                     calls=calls, length=int(sequences.shape[-1]))
+                     calls=calls, length=int(sequences.shape[-1]), part_calls=every_call)
 
 
 

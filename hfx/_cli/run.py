@@ -19,11 +19,12 @@ from hfx._cli.common import (
 def run_generate(args: argparse.Namespace, stream: IO[str]) -> int:
     """Generate from ``--prompt`` or ``--input-ids`` with the programs saved in ``args.dir``; print text or ids."""
     import hfx
+    from hfx._capture.decompose import step_component
 
     runtime, path = _chosen_export(Path(args.dir), args.runtime)
     require_runtimes([runtime])
     programs = quiet_step(stream, args, f"load the {runtime} programs from {path}", lambda: hfx.load(path, trust=args.trust))
-    if not isinstance(programs, hfx.Components) or "decode" not in programs:
+    if not isinstance(programs, hfx.Components) or step_component(programs) is None:
         msg = f"{path} holds a single graph, not the generation graphs: export with `hfx export MODEL --generation`."
         raise UsageError(msg)
     tokenizer = getattr(programs.processor, "tokenizer", programs.processor)

@@ -35,7 +35,8 @@ def calibration_inputs(
     first forward call calibrates ``prefill``, every later one ``decode`` (a
     decode graph that also prefills, ``multi_token_decode``, gets the prompt
     too, over an empty cache);
-    encoders and multimodal parts get their own recorded calls. A model that
+    encoders and multimodal parts get their own recorded calls (a language
+    model that takes the steps, and its embedding and head, get every step's). A model that
     does not generate (one component, ``"model"``) is calibrated on the samples.
 
     Args:
@@ -104,6 +105,7 @@ def _recorded_calls(
         full_attention_cache,
         part_capture,
         prompt_component,
+        step_component,
     )
     from hfx._capture.recording import recorded_generate, with_padding_mask
 
@@ -116,6 +118,12 @@ def _recorded_calls(
         per_component["decode"] = [as_multi_token_call(call) for call in (*prompt, *calls[1:])]
     per_component.update({name: [encoder_capture(name, m, kw, packed=False).kwargs] for name, (m, kw) in recorded.encoders.items()})
     per_component.update({name: [part_capture(name, m, kw).kwargs] for name, (m, kw) in recorded.parts.items()})
+    if step_component(names) == "language_model":  # the split prefill's parts take every step too
+        per_component.update({name: [part_capture(name, recorded.parts[name][0], kw).kwargs for kw in found]
+                              for name, found in recorded.part_calls.items()})
+        steps = recorded.part_calls["language_model"]
+        prompt = [_over_an_empty_cache(steps[0], steps[1])] if len(steps) > 1 else []
+        per_component["language_model"] = [as_multi_token_call(call) for call in (*prompt, *steps[1:])]
     return {name: [dict(call) for call in found] for name, found in per_component.items()}
 
 

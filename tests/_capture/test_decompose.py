@@ -113,11 +113,23 @@ def test_multi_token_decode_merges_two_steps(models):
 @pytest.mark.parametrize(("name", "why"), [
     ("gemma2", "sliding-window layers trim their past inside the graph"),
     ("mamba", "a state-space layer takes one token per step"),
-    ("llava", "a multimodal model: its language_model prefills"),
+    ("paligemma", "a multimodal forward that builds its language model's mask takes the features whole"),
 ])
 def test_by_default_a_model_whose_steps_one_graph_cannot_take_keeps_a_prefill(models, name, why):
     parts = hfx.decompose(hfx.capture(zoo.inputs(name), models(name)))
-    assert "decode" in parts and ("prefill" in parts or "language_model" in parts), why
+    assert "decode" in parts and "prefill" in parts, why
+
+
+def test_a_multimodal_model_asked_for_one_graph_it_cannot_have_is_refused(models):
+    with pytest.raises(ValueError, match=r"multi_token_decode=True.*PaliGemma.*multi_token_decode=None or False"):
+        hfx.decompose(hfx.capture(zoo.inputs("paligemma"), models("paligemma")), multi_token_decode=True)
+
+
+def test_a_split_prefill_keeps_its_decode_when_asked(models):
+    inputs = zoo.inputs("llava", batch=2, sequence=5)
+    parts = hfx.decompose(hfx.capture(inputs, models("llava")), multi_token_decode=False)
+    assert list(parts) == ["image_encoder", "projector", "embed_tokens", "language_model", "lm_head", "decode"]
+    assert parts["language_model"].kwargs["inputs_embeds"].shape[:2] == inputs["input_ids"].shape  # the prompt's call
 
 
 def test_a_static_cache_keeps_its_prefill(models):
@@ -165,9 +177,9 @@ def llava_parts(models):
     return hfx.decompose(hfx.capture(zoo.inputs("llava", batch=2, sequence=5), models("llava")))
 
 
-def test_multimodal_splits_into_encoder_projector_language_model_head_decode(llava_parts):
-    assert list(llava_parts) == ["image_encoder", "projector", "embed_tokens", "language_model", "lm_head", "decode"]
-    model = llava_parts["decode"].source
+def test_multimodal_splits_into_encoder_projector_embedding_language_model_head(llava_parts, models):
+    assert list(llava_parts) == ["image_encoder", "projector", "embed_tokens", "language_model", "lm_head"]
+    model = models("llava")
     assert llava_parts["language_model"].module is model.get_decoder()
     assert llava_parts["lm_head"].module is model.get_output_embeddings()
     assert llava_parts["projector"].module is model.model.multi_modal_projector
@@ -175,21 +187,26 @@ def test_multimodal_splits_into_encoder_projector_language_model_head_decode(lla
     assert llava_parts.meta.roles.placeholder_tokens == {"image": model.config.image_token_id}
 
 
-def test_multimodal_parts_take_what_generate_passed_them(llava_parts):
-    image_tokens = (lambda v: (v.image_size // v.patch_size) ** 2)(llava_parts["decode"].source.config.vision_config)
+def test_multimodal_parts_take_what_generate_passed_them(llava_parts, models):
+    image_tokens = (lambda v: (v.image_size // v.patch_size) ** 2)(models("llava").config.vision_config)
     assert llava_parts["image_encoder"].kwargs["pixel_values"].shape[0] == 2  # every image: the graph is not per image
     assert llava_parts["projector"].kwargs["image_features"].shape[:2] == (2, image_tokens)
     prompt = zoo.inputs("llava", batch=2, sequence=5)["input_ids"]
     assert llava_parts["embed_tokens"].kwargs["input"].shape == prompt.shape
-    assert llava_parts["language_model"].kwargs["inputs_embeds"].shape[:2] == prompt.shape
+    # Two steps merged, over the past of the prompt and its image tokens; the same graph prefills from an empty cache.
+    language_model = llava_parts["language_model"]
+    assert language_model.kwargs["inputs_embeds"].shape[:2] == (2, 2)
+    assert language_model.kwargs["attention_mask"].shape[1] == language_model.kwargs["past_key_values"].get_seq_length() + 2
+    assert language_model.dynamic_shapes.bounds["past_sequence"][0] == 0
+    assert dict(language_model.dynamic_shapes.axes["inputs_embeds"]) == {0: "batch", 1: "sequence"}
     assert llava_parts["lm_head"].kwargs["input"].shape[:2] == (2, 1)  # generate keeps the last position's logits
     assert dict(llava_parts["lm_head"].dynamic_shapes.axes["input"]) == {0: "batch", 1: "sequence"}
     assert dict(llava_parts["projector"].dynamic_shapes.axes["image_features"]) == {0: "image_count"}
 
 
-def test_image_encoder_stops_at_the_projector_and_holds_only_its_weights(llava_parts):
+def test_image_encoder_stops_at_the_projector_and_holds_only_its_weights(llava_parts, models):
     exported = hfx.export(llava_parts["image_encoder"])
-    model = llava_parts["decode"].source
+    model = models("llava")
     pixels = zoo.inputs("llava", batch=3, sequence=4)["pixel_values"]
     with torch.no_grad():
         hidden = model.model.vision_tower(pixels, output_hidden_states=True).hidden_states[model.config.vision_feature_layer]
@@ -200,7 +217,7 @@ def test_image_encoder_stops_at_the_projector_and_holds_only_its_weights(llava_p
 
 def test_packed_image_tower_takes_positions_and_boundaries_computed_outside_the_graph(models):
     parts = hfx.decompose(hfx.capture(zoo.inputs("qwen2_vl", batch=2, sequence=5), models("qwen2_vl")))
-    assert list(parts) == ["image_encoder", "embed_tokens", "language_model", "lm_head", "decode"]
+    assert list(parts) == ["image_encoder", "embed_tokens", "language_model", "lm_head"]
     encoder = parts["image_encoder"]
     assert encoder.module is models("qwen2_vl").model.visual  # no projector child: the tower's merger projects
     assert {"hidden_states", "grid_thw", "position_ids", "cu_seqlens"} <= set(encoder.kwargs)

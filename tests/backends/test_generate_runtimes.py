@@ -65,6 +65,10 @@ _GENERATE_CELLS = [(name, runtime) for name in GENERATIVE_MODELS for runtime in 
                    if name != "llama" and (name, runtime) not in _ONE_PATH_PER_PTE_CELL]
 
 
+# A multimodal model whose language model takes the prompt and the steps: no decode holds a second copy of it.
+_SPLIT_PREFILL = ("image_encoder", "projector", "embed_tokens", "language_model", "lm_head")
+
+
 def _eager(model, inputs, **settings):
     with torch.no_grad():
         return model.generate(**inputs, do_sample=False, **settings)
@@ -75,6 +79,8 @@ def test_generate_and_as_model_give_the_eager_tokens(lowered, runtime, name, tmp
     model, programs = lowered(runtime, name)
     if name in ("t5", "whisper"):
         _assert_the_weights_are_stored_once(model, programs, tmp_path / runtime, components=("encoder", "decode"))
+    if name == "llava":
+        _assert_the_weights_are_stored_once(model, programs, tmp_path / runtime, components=_SPLIT_PREFILL)
     inputs = zoo.inputs(name, batch=2, sequence=9)
     expected = eager_tokens(model, inputs, NEW_TOKENS[name])
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=NEW_TOKENS[name]), expected)
@@ -231,7 +237,7 @@ def _weight_bytes(directory) -> int:
 def _assert_the_weights_are_stored_once(model, programs, directory, components=("decode",)) -> None:
     """A decomposed model's saved weights are one copy of the model's: no prefill holds a second copy of the
     decoder (a text decoder: one graph for prompt and steps; an encoder-decoder: the encoder, which also computes
-    the cross-attention cache, and one decode graph)."""
+    the cross-attention cache, and one decode graph; a multimodal model: its parts, the language model one graph)."""
     assert list(programs) == list(components)
     weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
     saved = _weight_bytes(hfx.save(directory, programs))

@@ -34,6 +34,18 @@ def test_a_split_prefill_gets_the_prompt_and_the_decode_the_steps(models, sample
         assert all(len(flat) == len(parts[name].io.inputs) for flat in graph_feeds(parts[name].io, calls, program=name))
 
 
+def test_a_language_model_that_takes_the_steps_is_calibrated_on_the_prompt_and_each_step(generative):
+    model, parts = generative("llava")
+    sample = hfx.zoo.inputs("llava", batch=1, sequence=4)
+    data = hfx.calibration_inputs(model, [sample], parts, max_new_tokens=3)
+    prompt = int(sample["input_ids"].shape[-1])
+    assert [int(call["inputs_embeds"].shape[1]) for call in data["language_model"]] == [prompt, 1, 1]
+    assert [call["past_key_values"].get_seq_length() for call in data["language_model"]] == [0, prompt, prompt + 1]
+    assert len(data["embed_tokens"]) == len(data["lm_head"]) == 3  # they serve every step too
+    for name, calls in data.items():
+        assert all(len(flat) == len(parts[name].io.inputs) for flat in graph_feeds(parts[name].io, calls, program=name))
+
+
 def test_a_model_that_does_not_generate_is_calibrated_on_the_samples(exported, models):
     parts = hfx.Components(items={"model": exported("bert")})
     sample = {"input_ids": torch.ones(1, 4, dtype=torch.long)}
