@@ -56,10 +56,16 @@ def pytest_unconfigure(config):
     _SHARING.undo()
 
 
+# Fixtures of tests that watch code run (its prints, warnings, logs) or change it: a shared export would run nothing.
+_WATCHING = ("monkeypatch", "capfd", "capsys", "caplog", "recwarn")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_exports_where_asked(request):
-    """Tests of export itself (marked ``fresh_exports``) and tests that monkeypatch code trace every export again."""
-    fresh = request.node.get_closest_marker("fresh_exports") is not None or "monkeypatch" in request.fixturenames
+    """Tests of export itself (marked ``fresh_exports``) and tests that watch or monkeypatch code trace every
+    export again."""
+    fresh = (request.node.get_closest_marker("fresh_exports") is not None
+             or any(name in request.fixturenames for name in _WATCHING))
     with shared_exports.suspended() if fresh else contextlib.nullcontext():
         yield
 

@@ -10,7 +10,8 @@ is the same, after checking that the stored program's weights are still the ones
 A fingerprint reads values, not identities, where it can: tensors by dtype, shape and bytes, modules and plain
 objects by type and attributes, functions by code, defaults and closure. Anything else counts by identity (and is
 kept alive, so that its ``id`` cannot be reused by another object). Code a test changes from outside the model (a
-monkeypatched module function) is not in the fingerprint: tests that take ``monkeypatch``, and those marked
+monkeypatched module function) is not in the fingerprint: tests that take ``monkeypatch``, tests that watch what
+runs (``capfd``, ``capsys``, ``caplog``, ``recwarn``: a shared export prints and warns nothing), and those marked
 ``fresh_exports`` (the tests of export itself, its patches and its failure paths), export afresh.
 """
 
