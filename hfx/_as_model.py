@@ -36,15 +36,17 @@ def as_model(programs: Components, /) -> Any:
     loaded with ``hfx.load``. The model is the original class (its name, config,
     generation config and methods) with no weights: its parameters are on the
     ``meta`` device, so it holds only what the runtime holds. Its ``forward``
-    runs the prompt component while the cache is empty, then ``decode``; an
-    encoder-decoder's ``get_encoder()`` runs the ``encoder`` component. Use it
+    runs the prompt component while the cache is empty, then ``decode`` (a
+    multimodal model's ``embed_tokens``, ``language_model`` and ``lm_head`` when
+    its language model takes the steps); an encoder-decoder's ``get_encoder()`` runs the ``encoder`` component. Use it
     where ``hfx.generate``'s greedy/sampling loop is not enough: beam search,
     stopping strings, streamers, ``transformers.pipeline(..., model=as_model(parts))``.
 
     Raises:
         TypeError: ``programs`` is not ``Components``.
         ValueError: the components lack what transformers' generate needs (a
-            ``decode`` component, the model class), keep their cache in the program's
+            ``decode`` component or a ``language_model`` that takes the steps, the model
+            class), keep their cache in the program's
             buffers (``internal_cache_length``), which transformers cannot reorder or
             hand back, or put a prefill before a stateful OpenVINO decode. A stateful
             decode keeps its cache inside OpenVINO: beam search reorders it through

@@ -126,7 +126,9 @@ def generate(
             ``pixel_values``, ``input_features`` ...); not changed.
         programs: ``Components`` from ``decompose`` (then ``export`` or a lowering):
             ``decode`` plus ``prefill`` (or a multi-token ``decode`` alone), and
-            ``encoder`` for encoder-decoder models; any runtime.
+            ``encoder`` for encoder-decoder models; a multimodal model's encoders and
+            the parts of its prefill (``embed_tokens``, ``language_model``, ``lm_head``,
+            the language model taking the steps too, or a ``decode``); any runtime.
         max_new_tokens: how many tokens to add.
         do_sample: sample instead of taking the argmax (default: the saved config's).
         temperature: divides the logits before sampling (default: the saved config's).
@@ -145,7 +147,7 @@ def generate(
 
     Raises:
         TypeError: ``inputs`` is not a mapping or ``programs`` not ``Components`` (the arguments swapped).
-        InputError: ``programs`` lacks a decode component, or a component takes an input generate cannot build.
+        InputError: ``programs`` lacks a decode component (or a language model that takes the steps), or a component takes an input generate cannot build.
         ValueError: a setting that is not a generation setting, or one the loop cannot honour.
 
     Example:
