@@ -357,27 +357,13 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         for key, value in _GENERATED_TOKEN_TYPES.items():
             if key in state:
                 state[key] = torch.full_like(new_tokens, value, dtype=state[key].dtype)
-        if decode is None:
-            decode = _steps_after_the_prompt(programs, name, run, cache_key)
+        if decode is None and "decode" in programs:  # a decode that also prefilled goes on with its run (a stateful one's session)
+            decode = DecodeSteps(programs["decode"], run if name == "decode" else runner(programs["decode"]),
+                                 cache_key=cache_key)
+        # Without a decode, a split prefill's parts take the steps too (embed_tokens, language_model, lm_head);
+        # the features are the prompt's alone.
+        features = None
     return ids
-
-
-def _steps_after_the_prompt(programs: Components, name: str, run: Any, cache_key: str) -> Any:
-    """``steps(state) -> logits`` for the steps after the prompt's.
-
-    The ``decode`` component's (a decode that also prefilled goes on with ``run``,
-    a stateful one's session), else a split prefill's parts, whose language model
-    takes the steps too: ``embed_tokens``, ``language_model``, ``lm_head``.
-    """
-    if "decode" in programs:
-        return DecodeSteps(programs["decode"], run if name == "decode" else runner(programs["decode"]), cache_key=cache_key)
-
-    def through_the_parts(state: dict[str, Any]) -> torch.Tensor:
-        logits, returned = _split_prefill(programs, state, {})
-        state[cache_key] = returned or state[cache_key]
-        return logits
-
-    return through_the_parts
 
 
 def with_positions(programs: Components, sections: int, state: dict[str, Any], new_tokens: torch.Tensor,

@@ -328,13 +328,10 @@ def _merged_language_model(model: torch.nn.Module, recorded: Any, merge: bool, *
                "language model that takes the 2D padding mask, or its cache is not all full-attention layers, so "
                "one graph cannot take the prompt and the steps; decompose with multi_token_decode=None or False")
         raise ValueError(msg)
-    if not mergeable:
-        return None
-    step = next((index for index, call in enumerate(calls[1:], start=1) if (_past_length(call) or 0) >= _MIN_PAST), None)
-    if step is None or step + 1 >= len(calls):
+    kwargs = _pick_decode(calls, multi_token=True) if mergeable else None
+    if kwargs is None:
         return None
     module = recorded.parts["language_model"][0]
-    kwargs = _merge_decode_steps(calls[step], calls[step + 1])
     return Capture(module=module, source=module, kwargs=kwargs, name="language_model")
 
 

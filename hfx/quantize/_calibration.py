@@ -99,14 +99,7 @@ def _recorded_calls(
     names: Iterable[str],
 ) -> dict[str, list[dict[str, Any]]]:
     """The inputs each component of ``names`` got while ``generate`` ran on ``sample`` (``decompose``'s recording)."""
-    from hfx._capture.decompose import (
-        as_multi_token_call,
-        encoder_capture,
-        full_attention_cache,
-        part_capture,
-        prompt_component,
-        step_component,
-    )
+    from hfx._capture.decompose import encoder_capture, part_capture, prompt_component, step_component
     from hfx._capture.recording import recorded_generate, with_padding_mask
 
     inputs = with_padding_mask(Capture(module=model, source=model, kwargs=sample))  # graphs were traced with a mask input
@@ -114,17 +107,24 @@ def _recorded_calls(
     calls = recorded.calls
     per_component = {"prefill": calls[:1], "decode": calls[1:]}
     if prompt_component(names) == "decode":  # one graph for prompt and steps: the prompt too
-        prompt = [_over_an_empty_cache(calls[0], calls[1])] if len(calls) > 1 and full_attention_cache(calls) else []
-        per_component["decode"] = [as_multi_token_call(call) for call in (*prompt, *calls[1:])]
+        per_component["decode"] = _prompt_and_steps(calls)
     per_component.update({name: [encoder_capture(name, m, kw, packed=False).kwargs] for name, (m, kw) in recorded.encoders.items()})
-    per_component.update({name: [part_capture(name, m, kw).kwargs] for name, (m, kw) in recorded.parts.items()})
-    if step_component(names) == "language_model":  # the split prefill's parts take every step too
-        per_component.update({name: [part_capture(name, recorded.parts[name][0], kw).kwargs for kw in found]
-                              for name, found in recorded.part_calls.items()})
-        steps = recorded.part_calls["language_model"]
-        prompt = [_over_an_empty_cache(steps[0], steps[1])] if len(steps) > 1 else []
-        per_component["language_model"] = [as_multi_token_call(call) for call in (*prompt, *steps[1:])]
+    every_step = step_component(names) == "language_model"  # the split prefill's parts take every step too
+    for name, (module, first) in recorded.parts.items():
+        found = recorded.part_calls.get(name, [first]) if every_step else [first]
+        per_component[name] = [part_capture(name, module, kwargs).kwargs for kwargs in found]
+    if every_step:
+        per_component["language_model"] = _prompt_and_steps(recorded.part_calls["language_model"])
     return {name: [dict(call) for call in found] for name, found in per_component.items()}
+
+
+def _prompt_and_steps(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Recorded calls as one graph for prompt and steps takes them, each multi-token: the prompt over an empty
+    cache (when the cache is all full-attention layers), then every step."""
+    from hfx._capture.decompose import as_multi_token_call, full_attention_cache
+
+    prompt = [_over_an_empty_cache(calls[0], calls[1])] if len(calls) > 1 and full_attention_cache(calls) else []
+    return [as_multi_token_call(call) for call in (*prompt, *calls[1:])]
 
 
 def _over_an_empty_cache(prompt: Mapping[str, Any], step: Mapping[str, Any]) -> dict[str, Any]:
