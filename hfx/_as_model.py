@@ -38,8 +38,8 @@ def as_model(programs: Components, /) -> Any:
     ``meta`` device, so it holds only what the runtime holds. Its ``forward``
     runs the prompt component while the cache is empty, then ``decode`` (a
     multimodal model's ``embed_tokens``, ``language_model`` and ``lm_head`` when
-    its language model takes the steps); an encoder-decoder's ``get_encoder()`` runs the ``encoder`` component. Use it
-    where ``hfx.generate``'s greedy/sampling loop is not enough: beam search,
+    its language model takes the steps); an encoder-decoder's ``get_encoder()``
+    runs the ``encoder`` component. Use it where ``hfx.generate``'s greedy/sampling loop is not enough: beam search,
     stopping strings, streamers, ``transformers.pipeline(..., model=as_model(parts))``.
 
     Raises:

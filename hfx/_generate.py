@@ -147,7 +147,8 @@ def generate(
 
     Raises:
         TypeError: ``inputs`` is not a mapping or ``programs`` not ``Components`` (the arguments swapped).
-        InputError: ``programs`` lacks a decode component (or a language model that takes the steps), or a component takes an input generate cannot build.
+        InputError: ``programs`` lacks a decode component (or a language model that takes the steps), or a
+            component takes an input generate cannot build.
         ValueError: a setting that is not a generation setting, or one the loop cannot honour.
 
     Example:
@@ -357,11 +358,11 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         for key, value in _GENERATED_TOKEN_TYPES.items():
             if key in state:
                 state[key] = torch.full_like(new_tokens, value, dtype=state[key].dtype)
-        if decode is None and "decode" in programs:  # a decode that also prefilled goes on with its run (a stateful one's session)
+        # A decode that also prefilled goes on with its run (a stateful one's session). Without a decode, a split
+        # prefill's parts take the steps too (embed_tokens, language_model, lm_head); the features are the prompt's.
+        if decode is None and "decode" in programs:
             decode = DecodeSteps(programs["decode"], run if name == "decode" else runner(programs["decode"]),
                                  cache_key=cache_key)
-        # Without a decode, a split prefill's parts take the steps too (embed_tokens, language_model, lm_head);
-        # the features are the prompt's alone.
         features = None
     return ids
 

@@ -293,7 +293,9 @@ def decompose(
         # The wrapper is the source: export flattens and patches what it traces (it holds the model).
         parts["encoder"] = attrs.evolve(parts["encoder"], module=cross_encoder, source=cross_encoder)
     if language_model is not None:  # the language model takes the prompt's embeddings and every step's
-        parts["language_model"] = attrs.evolve(language_model, dynamic_shapes=_decode_shapes(language_model, multi_token=True))
+        shapes = _decode_shapes(language_model, multi_token=True)
+        parts["language_model"] = attrs.evolve(language_model, dynamic_shapes=shapes)
+        decode = language_model.kwargs  # the step the cache input is read from
     else:
         decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
         parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=merge))
@@ -303,7 +305,7 @@ def decompose(
     roles = ComponentRoles(
         feature_encoders=encoders,
         projectors=recorded.projectors,
-        cache_input=next((k for k, v in (language_model.kwargs if language_model else decode).items() if is_cache(v)), None),
+        cache_input=next((k for k, v in decode.items() if is_cache(v)), None),
         placeholder_tokens=placeholder_tokens(model, tuple(encoders.values())),
     )
     meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model), encoder_inputs=recorded.encoder_inputs)
