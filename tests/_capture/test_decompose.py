@@ -9,6 +9,7 @@ import torch
 
 import hfx
 from hfx import zoo
+from hfx._upstream import cache_argument
 from tests.helpers import CACHE_ARGUMENT, assert_same_state, state_of
 from tests.tolerances import FP32_ONE_BLOCK
 
@@ -196,7 +197,7 @@ def test_multimodal_parts_take_what_generate_passed_them(llava_parts, models):
     # Two steps merged, over the past of the prompt and its image tokens; the same graph prefills from an empty cache.
     language_model = llava_parts["language_model"]
     assert language_model.kwargs["inputs_embeds"].shape[:2] == (2, 2)
-    assert language_model.kwargs["attention_mask"].shape[1] == language_model.kwargs["past_key_values"].get_seq_length() + 2
+    assert language_model.kwargs["attention_mask"].shape[1] == language_model.kwargs[cache_argument(language_model.kwargs)].get_seq_length() + 2
     assert language_model.dynamic_shapes.bounds["past_sequence"][0] == 0
     assert dict(language_model.dynamic_shapes.axes["inputs_embeds"]) == {0: "batch", 1: "sequence"}
     assert llava_parts["lm_head"].kwargs["input"].shape[:2] == (2, 1)  # generate keeps the last position's logits

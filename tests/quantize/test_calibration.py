@@ -7,6 +7,7 @@ import torch
 from toolz import pipe
 
 import hfx
+from hfx._upstream import cache_argument
 from hfx.quantize._calibration import graph_feeds, samples_for
 from tests.helpers import assert_same_state, state_of
 
@@ -40,7 +41,7 @@ def test_a_language_model_that_takes_the_steps_is_calibrated_on_the_prompt_and_e
     data = hfx.calibration_inputs(model, [sample], parts, max_new_tokens=3)
     prompt = int(sample["input_ids"].shape[-1])
     assert [int(call["inputs_embeds"].shape[1]) for call in data["language_model"]] == [prompt, 1, 1]
-    assert [call["past_key_values"].get_seq_length() for call in data["language_model"]] == [0, prompt, prompt + 1]
+    assert [call[cache_argument(call)].get_seq_length() for call in data["language_model"]] == [0, prompt, prompt + 1]
     assert len(data["embed_tokens"]) == len(data["lm_head"]) == 3  # they serve every step too
     for name, calls in data.items():
         assert all(len(flat) == len(parts[name].io.inputs) for flat in graph_feeds(parts[name].io, calls, program=name))
