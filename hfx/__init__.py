@@ -47,6 +47,7 @@ from hfx._version import __version__ as __version__
 from hfx.backends._aoti import AotiProgram as AotiProgram
 from hfx.backends._aoti import lower_to_aoti as lower_to_aoti
 from hfx.backends._executorch import PteProgram as PteProgram
+from hfx.backends._executorch import PteWeights as PteWeights
 from hfx.backends._executorch import lower_to_pte as lower_to_pte
 from hfx.backends._onnx import OnnxProgram as OnnxProgram
 from hfx.backends._onnx import lower_to_onnx as lower_to_onnx
@@ -78,6 +79,7 @@ __all__ = [
     "OnnxProgram",
     "OvProgram",
     "PteProgram",
+    "PteWeights",
     "PatchError",
     "Report",
     "TensorSpec",

@@ -55,7 +55,7 @@ def save(
 
     The directory holds ``hfx.json`` (schema version, hfx and package versions,
     and per component: runtime, files and calling contract) plus each runtime's
-    own files (``.pt2``, an AOTInductor ``.pt2`` package, ``.onnx`` + ``.onnx.data``, ``.pte``, ``.xml``/``.bin``).
+    own files (``.pt2``, an AOTInductor ``.pt2`` package, ``.onnx`` + ``.onnx.data``, ``.pte`` (+ ``.ptd``), ``.xml``/``.bin``).
     For ``Components`` it also keeps what ``generate`` needs (the generation
     config and the component roles, in ``meta``) and a tokenizer or processor
     in ``processor/``.

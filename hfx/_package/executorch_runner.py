@@ -11,7 +11,9 @@ for the prompt and every step, the KV cache kept in the program's buffers
 ``enable_dynamic_shape`` (the prompt in one call, not token by token) and
 ``get_eos_ids``. The runner takes the BOS id and the vocabulary size from the
 tokenizer (``get_bos_id`` and ``get_vocab_size`` are written for other readers)
-and samples among the tokenizer's ids only.
+and samples among the tokenizer's ids only. A model with tied embeddings
+also gets ``model.ptd``, its weights stored once (``lower_to_pte``), which the
+runner takes as its data path: ``TextLLMRunner("model.pte", "tokenizer.json", "model.ptd")``.
 """
 
 from __future__ import annotations

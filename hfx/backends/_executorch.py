@@ -27,9 +27,11 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -99,6 +101,40 @@ _FD2_LOCK = threading.Lock()
 # The operator namespace of ExecuTorch's LLM kernels, as a program's operator table spells it.
 _LLM_KERNELS = b"llama::"
 
+# The tag of the weights a program keeps apart from its .pte: ExecuTorch writes them to "<tag>.ptd".
+_WEIGHTS_TAG = "weights"
+
+
+@attrs.frozen(eq=False)
+class PteWeights:
+    """The ``.ptd`` file (ExecuTorch's named-data format) holding the weights a ``.pte`` keeps apart.
+
+    ExecuTorch's runtime reads it at load (``Runtime.load_program(pte, data_path=...)``,
+    ``TextLLMRunner(pte, tokenizer, data_path)``). A freshly lowered program's file lies in a
+    temporary folder that is removed with the last program that refers to it; a loaded
+    program's is the saved file: keep its directory while the program runs.
+    """
+
+    path: Path
+
+    @property
+    def size(self) -> int:
+        """The file's bytes."""
+        return self.path.stat().st_size
+
+
+def _weights_in_a_temporary_file(write: Any) -> PteWeights:
+    """A ``PteWeights`` whose file ``write(folder)`` writes into a new temporary folder, removed with the record."""
+    folder = Path(tempfile.mkdtemp(prefix="hfx-pte-"))
+    try:
+        write(folder)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    weights = PteWeights(path=folder / f"{_WEIGHTS_TAG}.ptd")
+    weakref.finalize(weights, shutil.rmtree, folder, ignore_errors=True)
+    return weights
+
 
 @attrs.frozen(kw_only=True, eq=False)
 class PteProgram:
@@ -114,8 +150,10 @@ class PteProgram:
     LLM runner reads its metadata so). Calling it checks the keyword arguments
     against ``io``, runs the ``forward`` method and returns the eager model's
     output structure; buffers the graph writes (a KV cache kept inside) keep
-    their values from call to call. Do not call one program from several threads
-    at once: ExecuTorch methods reuse one memory arena.
+    their values from call to call. ``weights`` is the ``.ptd`` file that holds
+    the weights when they are kept apart from the ``.pte``
+    (``lower_to_pte(weights_apart=...)``), else ``None``. Do not call one program
+    from several threads at once: ExecuTorch methods reuse one memory arena.
     """
 
     buffer: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
@@ -124,8 +162,10 @@ class PteProgram:
     patches: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     rewrites: Mapping[str, int] = attrs.field(factory=dict, converter=lambda counts: MappingProxyType(dict(counts)))
     constant_methods: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda m: MappingProxyType(dict(m)))
+    weights: PteWeights | None = None
     _program: Any = attrs.field(
-        init=False, repr=False, default=attrs.Factory(lambda s: _load_program(s.buffer, s.name), takes_self=True)
+        init=False, repr=False,
+        default=attrs.Factory(lambda s: _load_program(s.buffer, s.name, s.weights), takes_self=True),
     )
     _method: Any = attrs.field(
         init=False, repr=False, default=attrs.Factory(lambda s: _load_method(s._program, s.name, s.buffer), takes_self=True)
@@ -196,6 +236,7 @@ def lower_to_pte(
     patches: tuple[Patch, ...] = PTE_PATCHES,
     rewrites: tuple[PteRewrite, ...] = XNNPACK_REWRITES,
     constant_methods: Mapping[str, Any] | None = None,
+    weights_apart: bool | None = None,
 ) -> PteProgram:
     """Lower ``exported`` to an ExecuTorch program delegated to XNNPACK, planned for bounded dims.
 
@@ -211,6 +252,14 @@ def lower_to_pte(
     changed in ``rewrites``. The ``Exported`` is not changed.
     ExecuTorch's log records, prints and warnings are kept for the error message, not printed.
 
+    A weight that feeds an embedding lookup and another operator (tied input
+    and output embeddings, ``tie_word_embeddings``) would be stored twice in a
+    ``.pte``: once for ExecuTorch's portable ``embedding`` kernel and once in
+    XNNPACK's packed ``lm_head`` weights. Such a program keeps its weights apart,
+    in one ``.ptd`` file (``PteProgram.weights``) whose store keeps equal bytes
+    once; ``hfx.save`` writes it beside the ``.pte`` and ExecuTorch's runtime
+    reads it at load.
+
     Args:
         exported: an ``Exported`` (a ``Capture`` is exported first), or ``Components`` of them.
         max_sizes: ``{dim name: largest size}`` for the program's dynamic dims
@@ -224,6 +273,8 @@ def lower_to_pte(
         constant_methods: ``{method name: value}`` (an int, float, bool or a list of them) that the
             program also carries as methods returning the value (ExecuTorch's LLM runner reads
             ``get_max_seq_len``, ``get_eos_ids`` ... so).
+        weights_apart: keep the weights in a ``.ptd`` file beside the ``.pte`` (``True``), inside the
+            ``.pte`` (``False``), or apart only when a weight is tied to an embedding (``None``).
 
     Returns:
         A ``PteProgram`` callable like the model (``Components`` of them for ``Components``).
@@ -252,16 +303,20 @@ def lower_to_pte(
     patches = fixes_option(patches, stage="lower_to_pte", option="patches", default="PTE_PATCHES")
     rewrites = fixes_option(rewrites, stage="lower_to_pte", option="rewrites", default="XNNPACK_REWRITES")
     methods = _constant_methods(constant_methods)
+    if weights_apart is not None and not isinstance(weights_apart, bool):
+        msg = f"lower_to_pte: weights_apart must be True, False or None (apart when tied), got {weights_apart!r}"
+        raise TypeError(msg)
     exported = as_exported(exported, stage="lower_to_pte")
     bounds = pte_bounds(exported, max_sizes=max_sizes)
+    apart = ties_an_embedding(exported.program) if weights_apart is None else weights_apart
     with _quietly() as log:
         exported = for_runtime(exported)  # an ExecuTorch program cannot write its inputs or run asserts
         with spec_caches(exported.io):
-            buffer, kept, counts = _to_pte(exported, bounds, log, patches, rewrites, methods)
+            buffer, weights, kept, counts = _to_pte(exported, bounds, log, patches, rewrites, methods, apart=apart)
     io_spec = attrs.evolve(exported.io, bounds={**exported.io.bounds, **kept})
     try:
         return PteProgram(buffer=buffer, io=io_spec, name=exported.name, patches=fix_names(patches),
-                          rewrites=counts, constant_methods=methods)
+                          rewrites=counts, constant_methods=methods, weights=weights)
     except LoweringError as exc:
         what = f"the program was built, but the ExecuTorch runtime refused it: {first_line(exc)}."
         todo = "The runtime's output below names the operator or delegate; replace it with a patch at export."
@@ -316,6 +371,35 @@ def pte_bounds(
     return bounds
 
 
+def ties_an_embedding(program: torch.export.ExportedProgram) -> bool:
+    """Whether a weight of ``program`` feeds an embedding lookup and another operator too.
+
+    Model pattern: tied input and output embeddings (``tie_word_embeddings``:
+    SmolLM, Llama 3.2 1B, Gemma, Qwen2.5-0.5B). ExecuTorch's portable
+    ``embedding`` kernel reads the weight from the ``.pte``'s constants and
+    XNNPACK stores its own copy for the ``lm_head`` matmul, so the ``.pte``
+    holds it twice.
+
+    Example:
+        >>> import torch, hfx
+        >>> emb = torch.nn.Embedding(8, 4)
+        >>> head = torch.nn.Linear(4, 8, bias=False)
+        >>> head.weight = emb.weight
+        >>> tied = torch.nn.Sequential(emb, head)
+        >>> ex = hfx.export(hfx.capture({"input": torch.ones(1, 3, dtype=torch.long)}, tied))
+        >>> ties_an_embedding(ex.program), ties_an_embedding(hfx.export(hfx.capture({"input": torch.ones(1, 3, dtype=torch.long)}, emb)).program)
+        (True, False)
+    """
+    signature = program.graph_signature
+    weights = {*signature.inputs_to_parameters, *signature.inputs_to_lifted_tensor_constants}
+    embedding = torch.ops.aten.embedding.default
+    return any(
+        node.op == "placeholder" and node.name in weights and len(node.users) > 1
+        and any(user.target is embedding for user in node.users)
+        for node in program.graph.nodes
+    )
+
+
 def _constant_methods(methods: Mapping[str, Any] | None) -> dict[str, Any]:
     """``constant_methods`` checked: names that are not ``forward``, values JSON scalars or lists of them."""
     methods = dict(methods or {})
@@ -332,17 +416,20 @@ def _constant_methods(methods: Mapping[str, Any] | None) -> dict[str, Any]:
 @one_at_a_time
 def _to_pte(
     exported: Exported, bounds: Mapping[str, tuple[int, int]], log: io.StringIO, patches: tuple[Patch, ...],
-    rewrites: tuple[PteRewrite, ...], methods: Mapping[str, Any],
-) -> tuple[bytes, dict[str, tuple[int, int]], dict[str, int]]:
+    rewrites: tuple[PteRewrite, ...], methods: Mapping[str, Any], *, apart: bool,
+) -> tuple[bytes, PteWeights | None, dict[str, tuple[int, int]], dict[str, int]]:
     """Export the graph again with ``bounds``, lower it under ``patches`` with ``rewrites`` and serialise it.
 
+    With ``apart``, every constant (XNNPACK's weights and those of the kernels
+    outside it) is tagged for one ``.ptd`` file, returned as ``PteWeights``.
     Also returns the bounds kept and the places each rewrite changed.
     """
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
 
+    tag = (lambda node: _WEIGHTS_TAG) if apart else None
     try:
-        program, kept = _bounded(exported, bounds)
+        program, kept = _bounded(exported, bounds, tag=tag)
     except Exception as exc:
         what = f"torch.export could not trace the graph again with the bounds {dict(bounds)}: {root_cause(exc)}."
         todo = "Lower with other max_sizes; the error names the dim torch.export disagrees with."
@@ -352,7 +439,9 @@ def _to_pte(
         with with_patches(*patches):
             edge = to_edge_transform_and_lower(program, transform_passes=as_edge_passes(rewrites, counts) or None,
                                                partitioner=[XnnpackPartitioner()], constant_methods=dict(methods) or None)
-            return edge.to_executorch().buffer, kept, counts
+            built = edge.to_executorch(ExecutorchBackendConfig(external_constants=tag or False))
+            weights = _weights_in_a_temporary_file(built.write_tensor_data_to_file) if tag else None
+            return built.buffer, weights, kept, counts
     except Exception as exc:
         what = f"ExecuTorch could not lower the program: {root_cause(exc)}."
         todo = (
@@ -363,13 +452,14 @@ def _to_pte(
 
 
 def _bounded(
-    exported: Exported, bounds: Mapping[str, tuple[int, int]]
+    exported: Exported, bounds: Mapping[str, tuple[int, int]], *, tag: Any = None
 ) -> tuple[torch.export.ExportedProgram, dict[str, tuple[int, int]]]:
     """``exported``'s graph exported again by ``hfx.export`` with ``bounds``, and the bounds that program has.
 
     A dim whose bounds meet becomes static. ``hfx.export`` applies torch's
     suggested fixes and keeps unprovable guards as runtime asserts, as it did
-    for the model; a dim it narrows further keeps the narrower bound.
+    for the model; a dim it narrows further keeps the narrower bound. ``tag``
+    (``node -> file tag``) marks the constants a delegate takes for that file.
     """
     from hfx._export.export import export
 
@@ -378,6 +468,10 @@ def _bounded(
     kwargs = example_kwargs(exported, bounds)
     axes = {leaf: {a: d for a, d in per_axis.items() if derived_dim(d)[0] in dynamic} for leaf, per_axis in exported.dynamic_shapes.axes.items()}
     module = program.module()
+    if tag is not None:  # only an unlifted module's get_attr nodes carry the tag through the new export
+        from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
+
+        delegate_external_constants_pass_unlifted(module, tag)
     again = export(
         Capture(module=module, source=module, kwargs=kwargs, dynamic_shapes=DynamicShapes(axes=axes, bounds=dynamic),
                 is_flat=True, name=exported.name),
@@ -394,14 +488,14 @@ def _bounded(
     return again.program, kept
 
 
-def _load_program(buffer: bytes, name: str) -> Any:
-    """The runtime ``Program`` of ``buffer``; the native loader's stderr is kept for the error message."""
+def _load_program(buffer: bytes, name: str, weights: PteWeights | None = None) -> Any:
+    """The runtime ``Program`` of ``buffer`` (with its ``weights`` file); the native loader's stderr is kept for the error."""
     with _quietly():  # the first import of executorch imports torchao, which logs warnings
         from executorch.runtime import Runtime
 
     with _native_stderr() as native:
         try:
-            return Runtime.get().load_program(buffer)
+            return Runtime.get().load_program(buffer, data_path=None if weights is None else str(weights.path))
         except Exception as exc:
             msg = f"PteProgram({name}): the ExecuTorch runtime could not load the program: {_explain(exc)}"
             raise LoweringError(with_log(msg, native.getvalue(), source="ExecuTorch")) from exc
@@ -479,16 +573,23 @@ def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> 
 
 
 def save_files(program: PteProgram, directory: Path) -> dict[str, Any]:
-    """Write ``<name>.pte`` into ``directory``; return the manifest entry (the bounds are in ``io``)."""
-    filename = f"{program.name}.pte"
-    (Path(directory) / filename).write_bytes(program.buffer)
-    return {"files": [filename], "patches": list(program.patches), "rewrites": dict(program.rewrites),
+    """Write ``<name>.pte`` (and ``<name>.ptd``, its weights kept apart) into ``directory``; return the manifest entry."""
+    files = [f"{program.name}.pte"]
+    (Path(directory) / files[0]).write_bytes(program.buffer)
+    if program.weights is not None:
+        files.append(f"{program.name}.ptd")
+        shutil.copyfile(program.weights.path, Path(directory) / files[1])
+    return {"files": files, "patches": list(program.patches), "rewrites": dict(program.rewrites),
             "constant_methods": dict(program.constant_methods)}
 
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> PteProgram:
-    """Load a program written by ``save_files`` (the whole ``.pte`` is read into memory)."""
+    """Load a program written by ``save_files``: the ``.pte`` is read into memory, a ``.ptd`` beside it
+    is read by the runtime from the saved file (keep the directory while the program runs)."""
     require("executorch", extra="executorch", stage="load")
-    buffer = (Path(directory) / entry["files"][0]).read_bytes()
+    files = entry["files"]
+    buffer = (Path(directory) / files[0]).read_bytes()
+    weights = PteWeights(path=Path(directory) / files[1]) if len(files) > 1 else None
     return PteProgram(buffer=buffer, io=io, name=name, patches=entry.get("patches", ()),
-                      rewrites=entry.get("rewrites", {}), constant_methods=entry.get("constant_methods", {}))
+                      rewrites=entry.get("rewrites", {}), constant_methods=entry.get("constant_methods", {}),
+                      weights=weights)

@@ -108,7 +108,11 @@ def test_executorch_runner_generates_the_eager_tokens(family_models, root, name)
     prompt = dict(zoo.tokenizer()(PROMPT, return_tensors="pt"))
     parts = pipe(family_models[name], hfx.capture(prompt), hfx.decompose(internal_cache_length=64))
     directory = _package(root, parts, name, "executorch-runner")
-    model = runner.TextLLMRunner(str(directory / "model.pte"), str(directory / "tokenizer.json"))
+    # A tied embedding (Gemma) is kept in model.ptd, stored once: the runner reads it as its data file.
+    weights = directory / "model.ptd"
+    assert weights.is_file() == family_models[name].config.tie_word_embeddings
+    model = runner.TextLLMRunner(str(directory / "model.pte"), str(directory / "tokenizer.json"),
+                                 str(weights) if weights.is_file() else None)
     pieces, stats = [], []
     model.generate(PROMPT, runner.GenerationConfig(echo=False, max_new_tokens=COUNT, temperature=0.0),
                    pieces.append, stats.append)

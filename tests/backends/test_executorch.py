@@ -313,3 +313,60 @@ def test_constant_methods_are_carried_saved_and_loaded(linear, tmp_path):
 def test_bad_constant_methods_are_value_errors(linear, methods):
     with pytest.raises(ValueError, match="constant_methods"):
         lower_to_pte(linear, constant_methods=methods)
+
+
+class _TiedHead(torch.nn.Module):
+    """Token embedding, a layer, and logits through the embedding's own weight (``tie_word_embeddings``)."""
+
+    def __init__(self, vocab: int = 512, hidden: int = 64) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.layer = torch.nn.Linear(hidden, hidden)
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.layer(self.embed(input_ids))))
+
+
+def test_a_tied_embedding_is_stored_once_in_a_weights_file_beside_the_pte(tmp_path):
+    """ExecuTorch's portable ``embedding`` kernel and XNNPACK's matmul would each store a tied weight in the ``.pte``;
+    kept apart in one ``.ptd``, equal bytes are stored once (Gemma's through ExecuTorch's LLM runner:
+    tests/_package/test_families.py)."""
+    import gc
+
+    torch.manual_seed(0)
+    model = _TiedHead().eval()
+    exported = hfx.export(hfx.capture({"input_ids": torch.randint(0, 512, (2, 7))}, model))
+    program = lower_to_pte(exported)
+    weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    embedding = model.embed.weight.numel() * model.embed.weight.element_size()
+    assert embedding > 0.8 * weights  # a second copy would make the file > 1.8x
+    # The file holds the weights once plus its header and alignment; the .pte only the program.
+    assert weights <= program.weights.size < 1.1 * weights
+    assert len(program.buffer) < 0.2 * embedding
+    directory = hfx.save(tmp_path / "tied", program)
+    assert sorted(p.name for p in directory.iterdir()) == ["hfx.json", "model.ptd", "model.pte"]
+    ids = torch.randint(0, 512, (3, 5))  # another batch and length than the capture's
+    with torch.no_grad():
+        expected = model(ids)
+    torch.testing.assert_close(hfx.load(directory)(input_ids=ids), expected, atol=FP32_PARITY, rtol=0)
+    # The lowering's temporary weights file lives as long as a program refers to it.
+    folder = program.weights.path.parent
+    evolved = attrs.evolve(program, name="renamed")
+    del program
+    gc.collect()
+    assert folder.is_dir()
+    torch.testing.assert_close(evolved(input_ids=ids), expected, atol=FP32_PARITY, rtol=0)
+    del evolved
+    gc.collect()
+    assert not folder.exists()
+
+
+def test_weights_apart_is_an_option_of_every_program(linear):
+    program = lower_to_pte(linear, weights_apart=True)
+    assert program.weights is not None and program.weights.size >= 4 * 3 * 4
+    assert torch.equal(program(input=torch.ones(3, 3)), lower_to_pte(linear)(input=torch.ones(3, 3)))
+    assert lower_to_pte(linear).weights is None  # nothing tied: the weights stay in the .pte
+    with pytest.raises(TypeError, match="weights_apart must be True, False or None"):
+        lower_to_pte(linear, weights_apart="yes")

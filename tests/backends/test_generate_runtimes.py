@@ -221,7 +221,7 @@ def test_state_space_model_generates_the_eager_tokens(parts_for, runtime):
 
 
 def _weight_bytes(directory) -> int:
-    """Bytes of the saved files that hold weights: external data, OpenVINO .bin, a .pte, a .pt2's weights."""
+    """Bytes of the saved files that hold weights: external data, OpenVINO .bin, a .pte and its .ptd, a .pt2's weights."""
     import zipfile
 
     total = 0
@@ -229,7 +229,7 @@ def _weight_bytes(directory) -> int:
         if path.suffix == ".pt2":
             with zipfile.ZipFile(path) as archive:
                 total += sum(i.file_size for i in archive.infolist() if "/data/weights/" in i.filename)
-        elif path.suffix in (".data", ".bin", ".pte"):
+        elif path.suffix in (".data", ".bin", ".pte", ".ptd"):
             total += path.stat().st_size
     return total
 
