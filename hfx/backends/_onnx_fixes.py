@@ -72,6 +72,57 @@ def unused_assert_conditions_dropped(convert: Callable[[], Any], /) -> Any:
         return convert()
 
 
+def scalar_first_operands_as_tensors(convert: Callable[[], Any], /) -> Any:
+    """Run ``convert`` with a number in a Tensor operand of the decomposed graph made a 0-d tensor first.
+
+    Model pattern: ``1.0 - attention_mask`` on an integer mask (XLNet,
+    ProphetNet, BigBird). torch.onnx (2.13, and 2.14.1) decomposes
+    ``aten.rsub.Scalar`` into ``aten.sub.Tensor(1.0, mask)``, and its type
+    promotion pass then finds no ``sub`` overload for a float in the first
+    place ("Cannot find a compatible OpOverload for aten.sub";
+    pytorch/pytorch#194381, a regression of 2.13.0, fix proposed in #194522).
+    The wrapped pass first replaces each such number with
+    ``aten.scalar_tensor`` of the dtype a Python number promotes as (float32,
+    int64, bool: a 0-d tensor ranks below the dimensioned operand, as the
+    number does), so the result's dtype is torch's. A graph without a number in
+    a Tensor operand is left as it is. Delete when torch.onnx materialises them.
+    """
+    from torch.onnx._internal.exporter import _fx_passes
+
+    from hfx.patches import swap_attr
+
+    promote = _fx_passes.insert_type_promotion_nodes
+
+    def promote_with_tensors(graph_module: torch.fx.GraphModule) -> None:
+        for module in graph_module.modules():
+            if isinstance(module, torch.fx.GraphModule) and _numbers_made_tensors(module.graph):
+                module.recompile()
+        promote(graph_module)
+
+    with swap_attr(_fx_passes, "insert_type_promotion_nodes", promote_with_tensors):
+        return convert()
+
+
+def _numbers_made_tensors(graph: torch.fx.Graph) -> int:
+    """Replace every Python number that ``graph``'s ATen calls pass where their schema wants a Tensor by an
+    ``aten.scalar_tensor`` node; return how many were replaced."""
+    count = 0
+    for node in list(graph.nodes):
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        args = list(node.args)
+        for index, (value, argument) in enumerate(zip(args, schema.arguments)):
+            if isinstance(value, (bool, int, float)) and isinstance(argument.type, torch.TensorType):
+                dtype = torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float32
+                with graph.inserting_before(node):
+                    args[index] = graph.call_function(torch.ops.aten.scalar_tensor.default, (value,), {"dtype": dtype})
+                args[index].meta["val"] = torch.scalar_tensor(value, dtype=dtype)
+                count += 1
+        node.args = tuple(args)
+    return count
+
+
 # Elementwise ops that ONNX Runtime's CPU provider (1.32) has no bfloat16 kernel for, and whose float32
 # result rounded to bfloat16 is what torch computes for bfloat16 on CPU (it upcasts each element).
 _BFLOAT16_UPCAST_OPS = frozenset({
@@ -187,4 +238,5 @@ def torchlib_registry_built_once(convert: Callable[[], Any], /) -> Any:
 # The fixes ``lower_to_onnx`` wraps ``torch.onnx.export`` in; each wraps the ones before it (the first is
 # closest to the export). Read, extend or replace: ``lower_to_onnx(fixes=(*ONNX_FIXES, my_fix))``.
 ONNX_FIXES: tuple[OnnxFix, ...] = (convert_under_no_grad, unused_assert_conditions_dropped,
-                                   bfloat16_arithmetic_in_float32, torchlib_registry_built_once)
+                                   scalar_first_operands_as_tensors, bfloat16_arithmetic_in_float32,
+                                   torchlib_registry_built_once)

@@ -31,8 +31,10 @@ from hfx._verify import verify  # noqa: E402
 from hfx.backends import ONNX_FIXES  # noqa: E402
 from hfx.backends._onnx import OnnxProgram, lower_to_onnx  # noqa: E402
 from hfx.backends._onnx_fixes import (  # noqa: E402
+    _numbers_made_tensors,
     bfloat16_arithmetic_in_float32,
     convert_under_no_grad,
+    scalar_first_operands_as_tensors,
     torchlib_registry_built_once,
     unused_assert_conditions_dropped,
 )
@@ -166,6 +168,47 @@ def test_the_bfloat16_fix_leaves_a_float32_model_as_it_is():
     assert bfloat16_arithmetic_in_float32(lambda: model) is model
     assert [n.op_type for n in model.graph] == ["Mul"]
 
+
+
+class _OneMinusMask(torch.nn.Module):
+    """XLNet's and ProphetNet's ``1.0 - attention_mask`` on an integer mask, scaled by a float input."""
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return (1.0 - attention_mask) * x
+
+
+def _one_minus_mask() -> hfx.Capture:
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    axes = {0: "batch", 1: "sequence"}
+    return hfx.capture({"x": torch.randn(2, 7), "attention_mask": mask}, _OneMinusMask(),
+                       dynamic_shapes=hfx.DynamicShapes(axes={"x": axes, "attention_mask": axes},
+                                                         bounds={"batch": (1, None), "sequence": (1, None)}))
+
+
+def test_a_number_minus_an_integer_mask_lowers_and_matches_eager_at_a_new_shape():
+    x, mask = torch.randn(3, 5), torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    program = lower_to_onnx(_one_minus_mask())
+    assert "scalar_first_operands_as_tensors" in program.fixes
+    got = program(x=x, attention_mask=mask)
+    assert got.dtype == torch.float32 and torch.equal(got, _OneMinusMask()(x, mask))
+
+
+def test_without_the_number_fix_torch_onnx_still_finds_no_sub_for_a_number_first():
+    """Canary (pytorch/pytorch#194381): when this fails, torch.onnx materialises the number and the fix can go."""
+    with pytest.raises(hfx.LoweringError, match=r"Cannot find a compatible OpOverload for aten.sub"):
+        lower_to_onnx(_one_minus_mask(), fixes=_without(scalar_first_operands_as_tensors))
+
+
+def test_the_number_fix_makes_0d_tensors_of_the_dtype_a_number_promotes_as():
+    graph = torch.fx.Graph()
+    mask = graph.placeholder("mask")
+    graph.output(graph.call_function(torch.ops.aten.sub.Tensor, (1.0, mask)))
+    other = graph.call_function(torch.ops.aten.add.Tensor, (mask, 2))
+    assert _numbers_made_tensors(graph) == 2
+    made = [node for node in graph.nodes if node.target is torch.ops.aten.scalar_tensor.default]
+    assert [(node.args, node.kwargs["dtype"]) for node in made] == [((1.0,), torch.float32), ((2,), torch.int64)]
+    assert other.args[1] is made[1]
+    assert _numbers_made_tensors(graph) == 0  # nothing left to replace
 
 
 def _asserted_beyond_int64() -> torch.fx.GraphModule:
