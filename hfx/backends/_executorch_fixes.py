@@ -24,6 +24,7 @@ from torch.utils._sympy import functions as symfn
 
 from hfx.backends._executorch_retraces import (
     patch_bilinear_patterns_not_built_when_kept_whole,
+    patch_decompositions_skipped_when_nothing_decomposes,
     patch_export_pass_skips_unchanged_retraces,
 )
 from hfx.patches import Patch, swap_attr, swap_item
@@ -512,4 +513,5 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_exact_upper_bounds,
     patch_export_pass_skips_unchanged_retraces,
     patch_bilinear_patterns_not_built_when_kept_whole,
+    patch_decompositions_skipped_when_nothing_decomposes,
 )

@@ -31,6 +31,23 @@ is ("Op was not decomposed, do nothing"): the search cannot change a graph. The
 patch skips building and matching the patterns and keeps the rest of the pass.
 It steps aside when torch decomposes the op. Delete when the pass builds its
 patterns only for graphs that hold their ops.
+
+``patch_decompositions_skipped_when_nothing_decomposes``: ExecuTorch turns a
+program into its edge dialect with up to three ``run_decompositions`` calls
+(``_gen_edge_manager_for_partitioners``, for a partitioner such as XNNPACK's
+that keeps some ops whole): one that functionalises, one with the table less
+the kept ops, and one with the whole table after the kept ops were renamed.
+Each retraces the whole graph with fake tensors (about 2 s per decoder layer
+of SmolLM-135M's shape here); the last one finds nothing left to decompose on a
+decoder (its only hit is ``aten.sym_size.int``, whose entry gives back the same
+size query). ExecuTorch skips such a pass on its other path ("safe to skip when
+none of those targets occur in the graph", executorch 1.5.1). The patch returns
+the program as it is from a ``run_decompositions`` on a program that a previous
+one produced (so functional), holds no higher-order op (but ``auto_functionalized``, the
+functional form of a mutating op such as the KV cache's update), no mutating op
+and no call the table would decompose. The program is byte for byte the one built
+without it (tests/backends/test_executorch_retraces.py). Delete when ExecuTorch
+skips that pass itself.
 """
 
 from __future__ import annotations
@@ -117,4 +134,72 @@ def patch_bilinear_patterns_not_built_when_kept_whole() -> Iterator[None]:
         yield
         return
     with swap_attr(ConvertToUpsampleBilinear2d, "call", _without_pattern_search(ConvertToUpsampleBilinear2d, PassResult)):
+        yield
+
+
+# ``GraphModule.meta`` key: set on the graph a ``run_decompositions`` returned (functional, in inference IR).
+_DECOMPOSED = "hfx_decomposed"
+
+
+def _size_queries() -> set[Any]:
+    """Size queries: the decomposition tables list them (CompositeImplicitAutograd); their entry traces back to them."""
+    aten = torch.ops.aten
+    return {aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default}
+
+
+def _functionalized_mutations() -> set[Any]:
+    """The higher-order ops functionalisation wraps a mutating op in (the KV cache's ``llama::update_cache``)."""
+    from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
+
+    return {auto_functionalized, auto_functionalized_v2}
+
+
+def decomposes_nothing(program: Any, table: Any) -> bool:
+    """Whether ``table`` would change no call of ``program``'s graphs, which are functional ATen: no target
+    (but a size query) has an entry, none mutates its inputs and none is a higher-order op (but the
+    functional form of a mutating one)."""
+    size_queries = _size_queries()
+    functionalized = _functionalized_mutations()
+    for module in program.graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op != "call_function" or not isinstance(node.target, torch._ops.OperatorBase):  # noqa: SLF001
+                continue
+            if isinstance(node.target, torch._ops.HigherOrderOperator) and node.target not in functionalized:  # noqa: SLF001
+                return False
+            schema = getattr(node.target, "_schema", None)
+            if (node.target in table and node.target not in size_queries) or (schema is not None and schema.is_mutable):
+                return False
+    return True
+
+
+def _skipping_empty_decompositions(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``ExportedProgram.run_decompositions`` so that a pass with nothing to do returns the program as it is."""
+
+    def run_decompositions(self: Any, decomp_table: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if (decomp_table is not None and not args and not kwargs and self.graph_module.meta.get(_DECOMPOSED)
+                and decomposes_nothing(self, decomp_table)):
+            return self
+        result = original(self, decomp_table, *args, **kwargs)
+        result.graph_module.meta[_DECOMPOSED] = True
+        return result
+
+    run_decompositions.__wrapped__ = original
+    run_decompositions.hfx_skips_empty = True  # torch's own method is a functools.wraps wrapper too
+    return run_decompositions
+
+
+@contextlib.contextmanager
+def patch_decompositions_skipped_when_nothing_decomposes() -> Iterator[None]:
+    """Skip a ``run_decompositions`` that would decompose nothing in an already decomposed program (module docstring).
+
+    Steps aside when ``run_decompositions`` is already wrapped (a lowering inside a lowering).
+    """
+    owner = torch.export.ExportedProgram
+    original = owner.run_decompositions
+    if getattr(original, "hfx_skips_empty", False):
+        yield
+        return
+    with swap_attr(owner, "run_decompositions", _skipping_empty_decompositions(original)):
         yield

@@ -1,5 +1,5 @@
 """The lowering-speed patches: an unchanged graph is not retraced, bilinear patterns are not built while torch keeps
-the op whole, and the program is the same bytes with and without each."""
+the op whole, a decomposition with nothing to do is skipped, and the program is the same bytes with and without each."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import hfx  # noqa: E402
 from hfx.backends import PTE_PATCHES  # noqa: E402
 from hfx.backends._executorch_retraces import (  # noqa: E402
     bilinear_kept_whole,
+    decomposes_nothing,
     patch_bilinear_patterns_not_built_when_kept_whole,
+    patch_decompositions_skipped_when_nothing_decomposes,
     patch_export_pass_skips_unchanged_retraces,
 )
 
@@ -122,3 +124,55 @@ def test_a_bilinear_upsample_lowers_to_the_same_bytes_without_building_the_patte
     assert not built and patched.buffer == plain.buffer
     pixels = torch.randn(1, 3, 8, 8)
     torch.testing.assert_close(patched(pixels=pixels), model(pixels), atol=1e-5, rtol=0)
+
+
+class _CacheWrite(torch.nn.Module):
+    """A linear layer written into a cache buffer by ExecuTorch's ``llama::update_cache`` (a mutating op)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+        self.register_buffer("cache", torch.zeros(1, 8, 2, 3))
+
+    def forward(self, values):
+        torch.ops.llama.update_cache(self.linear(values).view(1, -1, 2, 3), self.cache, 0)
+        return torch.nn.functional.silu(self.cache.sum(dim=(2, 3)))
+
+
+def test_a_decomposition_with_nothing_to_do_is_recognised():
+    from executorch.exir.program._program import _default_decomposition_table
+
+    from hfx._capture.internal_cache import load_custom_ops
+
+    load_custom_ops()
+    program = torch.export.export(_CacheWrite(), (torch.randn(1, 4, 6),))
+    table = _default_decomposition_table()
+    assert not decomposes_nothing(program, {})  # llama::update_cache writes its cache: not functional yet
+    functional = program.run_decompositions({})  # the mutation becomes auto_functionalized
+    assert decomposes_nothing(functional, {}) and not decomposes_nothing(functional, table)  # silu has an entry
+    assert decomposes_nothing(functional.run_decompositions(table), table)
+
+
+def test_an_empty_decomposition_returns_the_program_and_a_lowering_is_the_same_bytes(monkeypatch):
+    """Also the canary: ExecuTorch's lowering still runs a decomposition that has nothing to do."""
+    from hfx.backends import _executorch_retraces
+
+    program = torch.export.export(_Block(), (torch.randn(3, 6),)).run_decompositions({})
+    with patch_decompositions_skipped_when_nothing_decomposes():
+        functional = program.run_decompositions({})
+        assert functional.run_decompositions({}) is functional
+        assert functional.run_decompositions(None) is not functional  # the default table: run as asked
+    assert not hasattr(torch.export.ExportedProgram.run_decompositions, "hfx_skips_empty")  # put back
+    torch.manual_seed(0)
+    block = _Block().eval()
+    shapes = hfx.DynamicShapes(axes={"values": {0: "batch"}}, bounds={"batch": (1, 8)})
+    exported = hfx.export(hfx.capture({"values": torch.randn(3, 6)}, block, dynamic_shapes=shapes))
+    skips = []
+    check = _executorch_retraces.decomposes_nothing
+    monkeypatch.setattr(_executorch_retraces, "decomposes_nothing", lambda *a: skips.append(check(*a)) or skips[-1])
+    patched = hfx.lower_to_pte(exported)
+    monkeypatch.undo()
+    plain = hfx.lower_to_pte(exported, patches=tuple(p for p in PTE_PATCHES if p is not patch_decompositions_skipped_when_nothing_decomposes))
+    assert any(skips) and patched.buffer == plain.buffer
+    values = torch.randn(4, 6)
+    torch.testing.assert_close(patched(values=values), block(values), atol=1e-5, rtol=0)
