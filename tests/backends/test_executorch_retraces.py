@@ -72,23 +72,30 @@ def test_a_pass_that_works_in_a_per_node_hook_always_retraces():
 
 def test_the_program_is_the_same_bytes_with_and_without_the_patch(monkeypatch):
     """Also the canary: ExecuTorch's lowering still reaches ExportPass.call with graphs no pass has changed."""
+    skips = _block_lowered_with_and_without(patch_export_pass_skips_unchanged_retraces, "works_in_call_only",
+                                            monkeypatch)
+    assert sum(skips) >= 10  # XNNPACK's no-op passes over each partition, at least
+
+
+def _block_lowered_with_and_without(patch, check_name: str, monkeypatch) -> list[bool]:
+    """Lower ``_Block`` with every patch and without ``patch``: the same bytes, eager's values at another batch.
+    Returns what the patch's check ``_executorch_retraces.<check_name>`` answered in the patched lowering."""
     from hfx.backends import _executorch_retraces
 
     torch.manual_seed(0)
     block = _Block().eval()
     shapes = hfx.DynamicShapes(axes={"values": {0: "batch"}}, bounds={"batch": (1, 8)})
     exported = hfx.export(hfx.capture({"values": torch.randn(3, 6)}, block, dynamic_shapes=shapes))
-    skips = []
-    check = _executorch_retraces.works_in_call_only
-    monkeypatch.setattr(_executorch_retraces, "works_in_call_only", lambda *a: skips.append(check(*a)) or skips[-1])
+    answers = []
+    check = getattr(_executorch_retraces, check_name)
+    monkeypatch.setattr(_executorch_retraces, check_name, lambda *a: answers.append(check(*a)) or answers[-1])
     patched = hfx.lower_to_pte(exported)
     monkeypatch.undo()
-    without = tuple(p for p in PTE_PATCHES if p is not patch_export_pass_skips_unchanged_retraces)
-    plain = hfx.lower_to_pte(exported, patches=without)
-    assert sum(skips) >= 10  # XNNPACK's no-op passes over each partition, at least
+    plain = hfx.lower_to_pte(exported, patches=tuple(p for p in PTE_PATCHES if p is not patch))
     assert patched.buffer == plain.buffer
     values = torch.randn(4, 6)  # another batch than the capture's, within the planned 4
     torch.testing.assert_close(patched(values=values), block(values), atol=1e-5, rtol=0)
+    return answers
 
 
 class _Upsample(torch.nn.Module):
@@ -155,24 +162,11 @@ def test_a_decomposition_with_nothing_to_do_is_recognised():
 
 def test_an_empty_decomposition_returns_the_program_and_a_lowering_is_the_same_bytes(monkeypatch):
     """Also the canary: ExecuTorch's lowering still runs a decomposition that has nothing to do."""
-    from hfx.backends import _executorch_retraces
-
     program = torch.export.export(_Block(), (torch.randn(3, 6),)).run_decompositions({})
     with patch_decompositions_skipped_when_nothing_decomposes():
         functional = program.run_decompositions({})
         assert functional.run_decompositions({}) is functional
         assert functional.run_decompositions(None) is not functional  # the default table: run as asked
     assert not hasattr(torch.export.ExportedProgram.run_decompositions, "hfx_skips_empty")  # put back
-    torch.manual_seed(0)
-    block = _Block().eval()
-    shapes = hfx.DynamicShapes(axes={"values": {0: "batch"}}, bounds={"batch": (1, 8)})
-    exported = hfx.export(hfx.capture({"values": torch.randn(3, 6)}, block, dynamic_shapes=shapes))
-    skips = []
-    check = _executorch_retraces.decomposes_nothing
-    monkeypatch.setattr(_executorch_retraces, "decomposes_nothing", lambda *a: skips.append(check(*a)) or skips[-1])
-    patched = hfx.lower_to_pte(exported)
-    monkeypatch.undo()
-    plain = hfx.lower_to_pte(exported, patches=tuple(p for p in PTE_PATCHES if p is not patch_decompositions_skipped_when_nothing_decomposes))
-    assert any(skips) and patched.buffer == plain.buffer
-    values = torch.randn(4, 6)
-    torch.testing.assert_close(patched(values=values), block(values), atol=1e-5, rtol=0)
+    assert any(_block_lowered_with_and_without(patch_decompositions_skipped_when_nothing_decomposes,
+                                               "decomposes_nothing", monkeypatch))
