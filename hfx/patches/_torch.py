@@ -41,3 +41,38 @@ def patch_sdpa_fully_masked_rows() -> Iterator[None]:
 
     with swap_attr(F, "scaled_dot_product_attention", _zero_fully_masked_rows(F.scaled_dot_product_attention)):
         yield
+
+
+def _even_chunks(chunk: Any) -> Any:
+    """Wrap ``chunk`` so that a symbolic size known to be a multiple of ``chunks`` is split in equal named sizes."""
+
+    def chunked(self: torch.Tensor, chunks: int, dim: int = 0) -> tuple[torch.Tensor, ...]:
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        size = self.shape[dim]
+        if isinstance(size, torch.SymInt) and isinstance(chunks, int) and chunks > 0 and statically_known_true(
+                size % chunks == 0):
+            return tuple(self.split([size // chunks] * chunks, dim))
+        return chunk(self, chunks, dim)
+
+    chunked.__wrapped__ = chunk
+    return chunked
+
+
+@contextlib.contextmanager
+def patch_even_chunks() -> Iterator[None]:
+    """Chunk a dynamic dim that is a known multiple of the chunk count into equal sizes torch need not prove.
+
+    Model pattern: ProphetNet's n-gram streams, ``hidden_states.chunk(1 + ngram, dim=1)``
+    on a ``(1 + ngram) * sequence`` axis. ``chunk`` computes the piece size
+    ``ceil(4*s / 4) = s`` and then splits by it, which guards the count of pieces:
+    ``((4*s - 1) // s) == 3``. That holds for every ``s >= 1``, but torch cannot
+    prove it and specialises ``sequence`` to the traced length. When the size is
+    a symbolic multiple of ``chunks`` (``statically_known_true``), the patch
+    splits into ``chunks`` pieces of ``size // chunks`` instead, the same tensors
+    (their sum is the size, which torch sees at once); any other call is
+    ``chunk`` itself. Delete when torch proves the piece count of ``chunk``.
+    """
+    with swap_attr(torch.Tensor, "chunk", _even_chunks(torch.Tensor.chunk)), \
+            swap_attr(torch, "chunk", _even_chunks(torch.chunk)):
+        yield

@@ -1,11 +1,13 @@
-"""patch_sdpa_fully_masked_rows: zeros for padded rows, exactly like eager (its contract: test_contract.py)."""
+"""patch_sdpa_fully_masked_rows: zeros for padded rows, exactly like eager; patch_even_chunks: a dynamic multiple of the
+chunk count stays dynamic (their contract: test_contract.py)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from hfx.patches import patch_sdpa_fully_masked_rows
+import hfx
+from hfx.patches import default_patches, patch_even_chunks, patch_sdpa_fully_masked_rows
 
 
 def _qkv_mask():
@@ -30,3 +32,37 @@ def test_float_masks_pass_through_unchanged():
     with patch_sdpa_fully_masked_rows():
         patched = F.scaled_dot_product_attention(q, k, v, attn_mask=additive)
     torch.testing.assert_close(patched, F.scaled_dot_product_attention(q, k, v, attn_mask=additive))
+
+
+class _Streams(torch.nn.Module):
+    """ProphetNet's n-gram streams in small: four streams side by side on the sequence axis, chunked apart."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        streams = torch.cat([x, 2 * x, 3 * x, 4 * x], dim=1).chunk(4, dim=1)
+        return streams[0] + streams[3] * streams[1]
+
+
+def _streams_capture() -> hfx.Capture:
+    shapes = hfx.DynamicShapes(axes={"x": {0: "batch", 1: "sequence"}}, bounds={"batch": (1, None), "sequence": (1, 64)})
+    return hfx.capture({"x": torch.randn(2, 7, 3)}, _Streams(), dynamic_shapes=shapes)
+
+
+def test_chunks_of_a_dynamic_multiple_keep_the_dim_dynamic_and_match_eager():
+    exported = hfx.export(_streams_capture())
+    assert "sequence" in exported.dynamic_shapes.names
+    x = torch.randn(3, 11, 3)
+    assert torch.equal(exported(x=x), _Streams()(x))
+
+
+def test_without_the_chunk_patch_torch_still_specialises_the_sequence():
+    """Canary: when this fails, torch proves chunk's piece count and the patch can go."""
+    without = tuple(p for p in default_patches(_Streams()) if p is not patch_even_chunks)
+    assert "sequence" not in hfx.export(_streams_capture(), patches=without).dynamic_shapes.names
+
+
+def test_the_chunk_patch_leaves_other_calls_to_chunk():
+    x = torch.arange(10.0).view(2, 5)
+    with patch_even_chunks():
+        assert [t.tolist() for t in x.chunk(2, dim=1)] == [[[0.0, 1.0, 2.0], [5.0, 6.0, 7.0]], [[3.0, 4.0], [8.0, 9.0]]]
+        assert [t.shape for t in torch.chunk(x, 2)] == [torch.Size([1, 5])] * 2
+    assert torch.Tensor.chunk is not None and not hasattr(torch.Tensor.chunk, "__wrapped__")
