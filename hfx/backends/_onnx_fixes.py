@@ -63,9 +63,7 @@ def unused_assert_conditions_dropped(convert: Callable[[], Any], /) -> Any:
 
     def remove_with_conditions(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
         graph_module = remove(graph_module)
-        for module in graph_module.modules():
-            if isinstance(module, torch.fx.GraphModule) and without_unused_conditions(module.graph):
-                module.recompile()
+        _rewrite_each_graph(graph_module, without_unused_conditions)
         return graph_module
 
     with swap_attr(_fx_passes, "remove_assertion_nodes", remove_with_conditions):
@@ -94,13 +92,19 @@ def scalar_first_operands_as_tensors(convert: Callable[[], Any], /) -> Any:
     promote = _fx_passes.insert_type_promotion_nodes
 
     def promote_with_tensors(graph_module: torch.fx.GraphModule) -> None:
-        for module in graph_module.modules():
-            if isinstance(module, torch.fx.GraphModule) and _numbers_made_tensors(module.graph):
-                module.recompile()
+        _rewrite_each_graph(graph_module, _numbers_made_tensors)
         promote(graph_module)
 
     with swap_attr(_fx_passes, "insert_type_promotion_nodes", promote_with_tensors):
         return convert()
+
+
+def _rewrite_each_graph(graph_module: torch.fx.GraphModule, rewrite: Callable[[torch.fx.Graph], Any]) -> None:
+    """Run ``rewrite(graph)`` on the graph of ``graph_module`` and of each submodule; recompile those it changed
+    (it returns a true value then)."""
+    for module in graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule) and rewrite(module.graph):
+            module.recompile()
 
 
 def _numbers_made_tensors(graph: torch.fx.Graph) -> int:
@@ -112,14 +116,17 @@ def _numbers_made_tensors(graph: torch.fx.Graph) -> int:
         if schema is None:
             continue
         args = list(node.args)
-        for index, (value, argument) in enumerate(zip(args, schema.arguments)):
-            if isinstance(value, (bool, int, float)) and isinstance(argument.type, torch.TensorType):
-                dtype = torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float32
-                with graph.inserting_before(node):
-                    args[index] = graph.call_function(torch.ops.aten.scalar_tensor.default, (value,), {"dtype": dtype})
-                args[index].meta["val"] = torch.scalar_tensor(value, dtype=dtype)
-                count += 1
-        node.args = tuple(args)
+        numbers = [index for index, (value, argument) in enumerate(zip(args, schema.arguments))
+                   if isinstance(value, (bool, int, float)) and isinstance(argument.type, torch.TensorType)]
+        for index in numbers:
+            value = args[index]
+            dtype = torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float32
+            with graph.inserting_before(node):
+                args[index] = graph.call_function(torch.ops.aten.scalar_tensor.default, (value,), {"dtype": dtype})
+            args[index].meta["val"] = torch.scalar_tensor(value, dtype=dtype)
+        if numbers:  # only a changed node gets new arguments (setting them re-registers its inputs' users)
+            node.args = tuple(args)
+            count += len(numbers)
     return count
 
 
