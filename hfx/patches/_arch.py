@@ -181,6 +181,76 @@ def patch_complex_rotary(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
+def real_dft2(x: torch.Tensor) -> torch.Tensor:
+    """The real part of the 2-D discrete Fourier transform of ``x`` ``[batch, seq, hidden]`` over its last two axes.
+
+    ``Re fft2(x) = C_s x C_h - S_s x S_h`` with ``C_n[j, k] = cos(2 pi jk / n)`` and ``S_n`` the sine, both
+    symmetric; the angle's ``jk`` is taken modulo ``n`` first, so it stays exact in float32 at any length.
+    Computed in float32 and returned in ``x``'s dtype.
+
+    Example:
+        >>> x = torch.randn(2, 5, 6)
+        >>> torch.allclose(real_dft2(x), torch.fft.fftn(x, dim=(1, 2)).real, atol=1e-5)
+        True
+    """
+    def cos_sin(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = torch.arange(n, device=x.device)
+        # ``n`` as a tensor (the last index plus one): a symbolic ``n`` in ``%`` or ``2 pi / n`` is a scalar that
+        # torch.onnx's remainder and OpenVINO's converter do not take.
+        count = k[-1:] + 1
+        angle = (torch.outer(k, k) % count).to(torch.float32) * (2 * torch.pi) / count.to(torch.float32)
+        return angle.cos(), angle.sin()
+
+    (cos_s, sin_s), (cos_h, sin_h) = cos_sin(x.shape[-2]), cos_sin(x.shape[-1])
+    y = x.to(torch.float32)
+    return (cos_s @ y @ cos_h - sin_s @ y @ sin_h).to(x.dtype)
+
+
+def _is_full_fft(transform: Any) -> bool:
+    """Whether FNet's ``fourier_transform`` is a full FFT over the sequence and hidden axes (not its TPU DFT matrices,
+    which are cut to the sequence length and so are not the DFT of that length)."""
+    from transformers.models.fnet import modeling_fnet
+
+    if isinstance(transform, functools.partial):
+        return transform.func is torch.fft.fftn and not transform.args and transform.keywords == {"dim": (1, 2)}
+    return transform is modeling_fnet.fftn
+
+
+def _real_fourier_forward(forward: Any) -> Any:
+    """Wrap an FNet mixing ``forward`` so a full FFT's real part is ``real_dft2``; any other transform is ``forward``."""
+
+    def real_fourier_mixing(self: torch.nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor]:
+        if hidden_states.dim() != 3 or not _is_full_fft(self.fourier_transform):
+            return forward(self, hidden_states)
+        return (real_dft2(hidden_states),)
+
+    real_fourier_mixing.__wrapped__ = forward
+    return real_fourier_mixing
+
+
+@contextlib.contextmanager
+def patch_real_fourier_mixing(model: torch.nn.Module) -> Iterator[None]:
+    """Mix FNet's tokens with real matrix products instead of a complex FFT.
+
+    Model pattern: FNet's ``FNetBasicFourierTransform`` returns ``torch.fft.fftn(x, dim=(1, 2)).real``
+    (transformers 5.22-5.24). The FFT's complex tensors have no ExecuTorch kernel ("aten._fft_c2c ...
+    SpecViolationError") and no OpenVINO conversion rule. The real part of a 2-D DFT is two real
+    products with cosine and sine matrices built in the graph from the (dynamic) sequence length,
+    ``real_dft2``, equal to the FFT's to float32 rounding. Only a full FFT is replaced: the TPU
+    variant's DFT matrices stay as they are. A no-op for a model without FNet's mixing. Delete when
+    ExecuTorch and OpenVINO run complex FFTs.
+
+    Args:
+        model: the model to export; only the mixing classes it uses are patched.
+    """
+    classes = {type(m) for m in model.modules() if type(m).__name__ == "FNetBasicFourierTransform"
+               and _is_full_fft(getattr(m, "fourier_transform", None))}
+    with contextlib.ExitStack() as stack:
+        for owner in classes:
+            stack.enter_context(swap_attr(owner, "forward", _real_fourier_forward(owner.forward)))
+        yield
+
+
 def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     """Return the architecture patches for ``model``, bound to it (each a no-op where its pattern is absent).
 
@@ -188,10 +258,12 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
         model: the model to export.
 
     Returns:
-        ``patch_position_interpolation``, ``patch_latent_attention_keys`` and ``patch_complex_rotary`` bound to ``model``.
+        ``patch_position_interpolation``, ``patch_latent_attention_keys``, ``patch_complex_rotary`` and
+        ``patch_real_fourier_mixing`` bound to ``model``.
 
     Example:
         >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))]
-        ['patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary']
+        ['patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing']
     """
-    return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary))
+    return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys,
+                                                               patch_complex_rotary, patch_real_fourier_mixing))

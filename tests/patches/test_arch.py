@@ -10,8 +10,14 @@ from transformers.models.dinov2 import modeling_dinov2
 
 import hfx
 from hfx import zoo
-from hfx.patches import arch_patches, patch_complex_rotary, patch_latent_attention_keys, patch_position_interpolation
-from hfx.patches._arch import concatenated_expand_kv, is_interpolating_vision_model
+from hfx.patches import (
+    arch_patches,
+    patch_complex_rotary,
+    patch_latent_attention_keys,
+    patch_position_interpolation,
+    patch_real_fourier_mixing,
+)
+from hfx.patches._arch import concatenated_expand_kv, is_interpolating_vision_model, real_dft2
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE
 from tests.tolerances import FP32_ONE_BLOCK, FP32_SAME_KERNELS
 
@@ -52,7 +58,8 @@ def test_dinov2_exports_with_dynamic_image_size_and_matches_eager_at_a_new_size(
 
 def test_arch_patches_are_bound_to_the_model(dinov2):
     patches = arch_patches(dinov2)
-    assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary]
+    assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary,
+                                         patch_real_fourier_mixing]
     assert all(p.args == (dinov2,) for p in patches)
 
 
@@ -147,3 +154,71 @@ def test_torch_onnx_still_has_no_function_for_complex_rotation():
     pytest.importorskip("onnxscript")
     with pytest.raises(Exception, match="No ONNX function found|Unsupported|complex"):
         torch.onnx.export(_ComplexRotation(), (torch.randn(1, 2, 3, 4), torch.rand(1, 3, 2)), dynamo=True, verbose=False)
+
+
+# patch_real_fourier_mixing
+
+FNET = "masked-lm:fnet"
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 7, 12), (3, 64, 40)])
+def test_real_dft2_is_the_real_part_of_the_fft(shape):
+    x = torch.randn(*shape)
+    # A DFT as products sums n terms per axis where the FFT sums log n: float32 rounding grows with the
+    # length and the magnitude (about sqrt(n) of the input's), so the bound is relative to that magnitude.
+    want = torch.fft.fftn(x, dim=(1, 2)).real
+    torch.testing.assert_close(real_dft2(x), want, rtol=0, atol=FP32_ONE_BLOCK * (1 + want.abs().max().item()))
+
+
+def test_fnet_with_real_fourier_mixing_gives_eager_logits_and_is_restored(models):
+    from transformers.models.fnet import modeling_fnet
+
+    model = models(FNET)
+    original = vars(modeling_fnet.FNetBasicFourierTransform)["forward"]
+    inputs = zoo.forward_inputs(FNET, batch=2, sequence=7)
+    with torch.no_grad():
+        want = model(**inputs).logits
+        with patch_real_fourier_mixing(model):
+            assert vars(modeling_fnet.FNetBasicFourierTransform)["forward"] is not original
+            got = model(**inputs).logits
+    assert vars(modeling_fnet.FNetBasicFourierTransform)["forward"] is original
+    torch.testing.assert_close(got, want, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+
+
+def test_real_fourier_mixing_leaves_the_tpu_dft_matrices_alone(models):
+    # The TPU variant cuts its DFT matrices to the sequence length: not the DFT of that length, so not replaced.
+    from transformers.models.fnet import modeling_fnet
+
+    model = models(FNET)
+    mixing = next(m for m in model.modules() if isinstance(m, modeling_fnet.FNetBasicFourierTransform))
+    tpu = modeling_fnet.FNetBasicFourierTransform.__new__(modeling_fnet.FNetBasicFourierTransform)
+    torch.nn.Module.__init__(tpu)
+    tpu.fourier_transform = lambda x: torch.fft.fft(x.type(torch.complex64), dim=-1)
+    x = torch.randn(1, 4, 6)
+    with patch_real_fourier_mixing(model):
+        torch.testing.assert_close(tpu(x)[0], torch.fft.fft(x, dim=-1).real)
+        assert torch.equal(mixing(x)[0], real_dft2(x))
+
+
+def test_fnet_exports_with_a_dynamic_sequence_and_no_complex_tensors(models):
+    model = models(FNET)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(FNET, batch=2, sequence=7), model))
+    assert exported.io.inputs[0].shape == ("batch", "sequence")
+    assert not [n for n in exported.program.graph.nodes if "fft" in str(n.target)]
+    report = hfx.verify(model, zoo.forward_inputs(FNET, batch=3, sequence=11), exported)
+    assert report.passed, str(report)
+
+
+class _RealFourier(torch.nn.Module):
+    """FNet's mixing: the real part of a 2-D FFT over the sequence and hidden axes."""
+
+    def forward(self, x):
+        return torch.fft.fftn(x, dim=(1, 2)).real
+
+
+def test_openvino_still_has_no_conversion_for_the_fft():
+    """The canary: when OpenVINO converts a complex FFT, the patch can go (for OpenVINO at least)."""
+    ov = pytest.importorskip("openvino")
+    program = torch.export.export(_RealFourier(), (torch.randn(1, 4, 6),))
+    with pytest.raises(Exception, match="fft|conversion rule"):
+        ov.convert_model(program)

@@ -208,6 +208,8 @@ ROWS = (
     Row(patch=patches.patch_complex_rotary, args=_shared("causal-lm:deepseek_v2"),
         slots=lambda model: [(modeling_deepseek_v2.DeepseekV2RotaryEmbedding, "forward"),
                              (modeling_deepseek_v2, "apply_rotary_emb")]),
+    Row(patch=patches.patch_real_fourier_mixing, args=_shared("masked-lm:fnet"),
+        slots=lambda model: [(_owner("transformers.models.fnet.modeling_fnet", "FNetBasicFourierTransform"), "forward")]),
     Row(patch=patches.patch_position_interpolation, args=_shared("dinov2"),
         slots=lambda model: [(modeling_dinov2.Dinov2Embeddings, "interpolate_pos_encoding")], adds=True),
     Row(patch=patches.patch_dense_experts, args=_shared("mixtral"),
