@@ -24,6 +24,7 @@ from torch.utils._sympy import functions as symfn
 
 from hfx.backends._executorch_retraces import (
     patch_bilinear_patterns_not_built_when_kept_whole,
+    patch_decompositions_in_one_retrace,
     patch_decompositions_skipped_when_nothing_decomposes,
     patch_export_pass_skips_unchanged_retraces,
 )
@@ -513,5 +514,6 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_exact_upper_bounds,
     patch_export_pass_skips_unchanged_retraces,
     patch_bilinear_patterns_not_built_when_kept_whole,
+    patch_decompositions_in_one_retrace,
     patch_decompositions_skipped_when_nothing_decomposes,
 )

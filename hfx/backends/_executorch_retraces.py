@@ -48,6 +48,25 @@ functional form of a mutating op such as the KV cache's update), no mutating op
 and no call the table would decompose. The program is byte for byte the one built
 without it (tests/backends/test_executorch_retraces.py). Delete when ExecuTorch
 skips that pass itself.
+
+``patch_decompositions_in_one_retrace``: of those calls, the first
+(``run_decompositions({})``) only functionalises and the second decomposes
+with the table less the partitioner's kept ops; each retraces the whole graph.
+``torch.export`` documents one call with the table as the way from its training
+IR to a decomposed functional program. The patch makes that one call where
+ExecuTorch hands the program to its partitioner's pre-decomposition transforms
+(``_apply_pre_decomposition_transforms``, executorch 1.5.1), with the table
+ExecuTorch builds next (its ``_default_decomposition_table`` less the kept ops,
+the invalid ones removed as it does), for one partitioner; the skip above then
+returns the program as it is from both of ExecuTorch's own calls. It steps aside
+without that skip (it would add a retrace) and for several partitioners or none.
+The program has the same operators; where the graph has runtime asserts on its
+sizes (a decoder's cache), each is kept once: the two retraces re-inserted some
+twice and added tautologies (``Eq(s70, s70)``). On a graph without them it is
+byte for byte the one built without the patch (tests/backends/test_executorch_retraces.py).
+On a one-layer Llama decode and Mamba 2 forward the lowering took 7-13% less
+(``benchmarks/lowering_patches.py``). Delete when ExecuTorch functionalises and
+decomposes in one call.
 """
 
 from __future__ import annotations
@@ -202,4 +221,48 @@ def patch_decompositions_skipped_when_nothing_decomposes() -> Iterator[None]:
         yield
         return
     with swap_attr(owner, "run_decompositions", _skipping_empty_decompositions(original)):
+        yield
+
+
+def partitioner_table(partitioner: Any, program: Any) -> Any:
+    """The decomposition table ExecuTorch (1.5.1) uses for ``partitioner``: its default edge table less the ops the
+    partitioner keeps whole (less the ones it cannot keep, where the partitioner checks its ops)."""
+    from executorch.exir.program import _program
+
+    keep, check = partitioner.ops_to_not_decompose(program)
+    if check is not None:
+        keep = _program._remove_invalid_ops_for_not_decompose(keep)  # noqa: SLF001
+    table = _program._default_decomposition_table()  # noqa: SLF001
+    for op in keep:
+        table.pop(op, None)
+    return table
+
+
+def _decomposing_once(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``_apply_pre_decomposition_transforms`` so that its program comes out decomposed for its one partitioner."""
+
+    def transformed(program: Any, partitioners: Any) -> Any:
+        program = original(program, partitioners)
+        skips = getattr(torch.export.ExportedProgram.run_decompositions, "hfx_skips_empty", False)
+        if not skips or len(partitioners) != 1 or program.graph_module.meta.get(_DECOMPOSED):
+            return program
+        return program.run_decompositions(partitioner_table(partitioners[0], program))
+
+    transformed.__wrapped__ = original
+    return transformed
+
+
+@contextlib.contextmanager
+def patch_decompositions_in_one_retrace() -> Iterator[None]:
+    """Functionalise and decompose a program for its partitioner in one ``run_decompositions`` (module docstring).
+
+    Steps aside when ``_apply_pre_decomposition_transforms`` is already wrapped (a lowering inside a lowering).
+    """
+    from executorch.exir.program import _program
+
+    original = _program._apply_pre_decomposition_transforms  # noqa: SLF001
+    if hasattr(original, "__wrapped__"):
+        yield
+        return
+    with swap_attr(_program, "_apply_pre_decomposition_transforms", _decomposing_once(original)):
         yield

@@ -14,6 +14,7 @@ from hfx.backends._executorch_retraces import (  # noqa: E402
     bilinear_kept_whole,
     decomposes_nothing,
     patch_bilinear_patterns_not_built_when_kept_whole,
+    patch_decompositions_in_one_retrace,
     patch_decompositions_skipped_when_nothing_decomposes,
     patch_export_pass_skips_unchanged_retraces,
 )
@@ -170,3 +171,35 @@ def test_an_empty_decomposition_returns_the_program_and_a_lowering_is_the_same_b
     assert not hasattr(torch.export.ExportedProgram.run_decompositions, "hfx_skips_empty")  # put back
     assert any(_block_lowered_with_and_without(patch_decompositions_skipped_when_nothing_decomposes,
                                                "decomposes_nothing", monkeypatch))
+
+
+def _retraces(monkeypatch, patches) -> int:
+    """How many times torch's own ``run_decompositions`` retraces ``_CacheWrite`` (a mutation, and a SiLU that the
+    table decomposes) while it is lowered with ``patches``; its outputs are eager's."""
+    from hfx._capture.internal_cache import load_custom_ops
+
+    load_custom_ops()
+    calls = []
+    original = torch.export.ExportedProgram.run_decompositions
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    module, values = _CacheWrite().eval(), torch.randn(1, 4, 6)
+    program = hfx.lower_to_pte(hfx.export(hfx.capture({"values": values}, module)), patches=patches)
+    monkeypatch.undo()
+    torch.testing.assert_close(program(values=values), module(values), atol=1e-5, rtol=0)
+    return len(calls)
+
+
+def test_one_decomposition_retrace_lowers_to_the_same_bytes_with_one_retrace_less(monkeypatch):
+    """Also the canary: ExecuTorch still functionalises in a retrace of its own before it decomposes."""
+    answers = _block_lowered_with_and_without(patch_decompositions_in_one_retrace, "partitioner_table", monkeypatch)
+    assert len(answers) == 1  # one table, for XNNPACK's partitioner
+    without = tuple(p for p in PTE_PATCHES if p is not patch_decompositions_in_one_retrace)
+    assert _retraces(monkeypatch, PTE_PATCHES) == _retraces(monkeypatch, without) - 1 == 1
+
+
+def test_one_decomposition_retrace_steps_aside_without_the_skip(monkeypatch):
+    # Without the skip, ExecuTorch's own calls would retrace again: the patch would add one, so it does nothing.
+    without_skip = tuple(p for p in PTE_PATCHES if p is not patch_decompositions_skipped_when_nothing_decomposes)
+    alone = tuple(p for p in without_skip if p is not patch_decompositions_in_one_retrace)
+    assert _retraces(monkeypatch, without_skip) == _retraces(monkeypatch, alone)

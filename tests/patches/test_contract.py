@@ -226,6 +226,8 @@ ROWS = (
                     _pte_fixes.patch_xnnpack_conv1d_dynamic_dims, _pte_fixes.patch_xnnpack_tanh_gelu)),
     Row(patch=_pte_fixes.patch_export_pass_skips_unchanged_retraces, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.pass_base", "ExportPass"), "call")]),
+    Row(patch=_pte_fixes.patch_decompositions_in_one_retrace, needs="executorch",
+        slots=lambda: [(_owner("executorch.exir.program._program"), "_apply_pre_decomposition_transforms")]),
     Row(patch=_pte_fixes.patch_decompositions_skipped_when_nothing_decomposes, needs="executorch",
         slots=lambda: [(torch.export.ExportedProgram, "run_decompositions")]),
     Row(patch=_pte_fixes.patch_bilinear_patterns_not_built_when_kept_whole, needs="executorch",
