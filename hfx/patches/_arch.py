@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import torch
 import torch.nn.functional as F
 
@@ -251,6 +252,136 @@ def patch_real_fourier_mixing(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
+@attrs.frozen
+class Positions:
+    """Funnel's list of token positions, ``[first, start, start + step, ..., start + (count - 1) * step]``, with a
+    symbolic ``count``: what its pooling makes of ``list(range(sequence))``."""
+
+    first: int
+    start: int
+    step: int
+    count: Any  # an int or a torch.SymInt
+
+    def last(self) -> Any:
+        """The last position (the tail's last, which a sequence of two or more tokens has)."""
+        return self.start + (self.count - 1) * self.step
+
+
+def pooled_positions(positions: Positions, block_index: int, *, separate_cls: bool, truncate_seq: bool) -> Positions:
+    """``FunnelAttentionStructure.stride_pool_pos`` on ``Positions``: every second position, the <cls> kept apart.
+
+    Example:
+        >>> listed = [0, *range(1, 9)]  # list(range(9))
+        >>> pooled = pooled_positions(Positions(0, 1, 1, 8), 1, separate_cls=True, truncate_seq=True)
+        >>> [pooled.first, *(pooled.start + k * pooled.step for k in range(pooled.count))] == [-1, *listed[1:-1][::2]]
+        True
+    """
+    if separate_cls:
+        count = positions.count - 1 if truncate_seq else positions.count
+        return Positions(1 - 2**block_index, positions.start, 2 * positions.step, (count + 1) // 2)
+    return Positions(positions.first, positions.start + positions.step, 2 * positions.step, positions.count // 2)
+
+
+def relative_positions(positions: Positions, stride: int, pooled: Positions | None = None, shift: int = 1,
+                       device: Any = None) -> torch.Tensor:
+    """``FunnelAttentionStructure.relative_pos`` on ``Positions``: the relative distances, largest first."""
+    pooled = positions if pooled is None else pooled
+    max_dist = pooled.first - positions.first + shift * (1 + pooled.count) * stride
+    min_dist = pooled.first - positions.last()
+    return torch.arange(max_dist, min_dist - 1, -stride, dtype=torch.long, device=device)
+
+
+def symbolic_position_embeds(self: torch.nn.Module, seq_len: Any, dtype: torch.dtype, device: Any) -> Any:
+    """Funnel's relative-shift position embeddings for every block with the positions kept symbolic (the same
+    computation as ``FunnelAttentionStructure.get_position_embeds``, whose lists of Python ints are ``Positions``)."""
+    d_model = self.config.d_model
+    freq_seq = torch.arange(0, d_model // 2, 1.0, dtype=torch.int64, device=device).to(dtype)
+    inv_freq = 1 / (10000 ** (freq_seq / (d_model // 2)))
+    rel_pos_id = torch.arange(-seq_len * 2, seq_len * 2, 1.0, dtype=torch.int64, device=device).to(dtype)
+    zero_offset = seq_len * 2
+    sinusoid = rel_pos_id[:, None] * inv_freq[None]
+    pos_embed = torch.cat([self.sin_dropout(torch.sin(sinusoid)), self.cos_dropout(torch.cos(sinusoid))], dim=-1)
+
+    def gathered(relative: torch.Tensor) -> torch.Tensor:
+        index = (relative[:, None] + zero_offset).expand(relative.size(0), d_model)
+        return torch.gather(pos_embed, 0, index)
+
+    pos = Positions(0, 1, 1, seq_len - 1)
+    embeds = []
+    for block_index in range(self.config.num_blocks):
+        pooling = None
+        pooled = pos
+        if block_index > 0:
+            pooled = pooled_positions(pos, block_index, separate_cls=self.config.separate_cls,
+                                      truncate_seq=self.config.truncate_seq)
+            pooling = gathered(relative_positions(pos, 2 ** (block_index - 1), pooled, shift=2, device=device))
+        pos = pooled
+        embeds.append([gathered(relative_positions(pos, 2**block_index, device=device)), pooling])
+    return embeds
+
+
+def gathered_relative_shift(positional_attn: torch.Tensor, context_len: Any, shift: int) -> torch.Tensor:
+    """Funnel's ``_relative_shift_gather`` as one ``gather``: the same elements, bitwise, without its two reshapes.
+
+    The reshapes read ``[seq, rel]`` as ``[rel, seq]``, drop ``shift`` rows and read the rest as
+    ``[seq, rel - shift]``: element ``(i, j)`` is the flat element ``shift * seq + i * (rel - shift) + j``.
+
+    Example:
+        >>> from transformers.models.funnel.modeling_funnel import _relative_shift_gather
+        >>> attn = torch.randn(2, 3, 5, 11)
+        >>> torch.equal(gathered_relative_shift(attn, 5, 1), _relative_shift_gather(attn, 5, 1))
+        True
+    """
+    batch_size, n_head, seq_len, max_rel_len = positional_attn.shape
+    rows = torch.arange(seq_len, device=positional_attn.device)[:, None] * (max_rel_len - shift)
+    flat = shift * seq_len + rows + torch.arange(context_len, device=positional_attn.device)[None, :]
+    index = flat.reshape(1, 1, -1).expand(batch_size, n_head, -1)
+    return positional_attn.flatten(2).gather(2, index).view(batch_size, n_head, seq_len, context_len)
+
+
+def _symbolic_funnel_positions(get_position_embeds: Any) -> Any:
+    """Wrap Funnel's ``get_position_embeds`` so its relative-shift branch keeps the positions symbolic."""
+
+    def position_embeds(self: torch.nn.Module, seq_len: Any, dtype: torch.dtype, device: Any) -> Any:
+        if self.config.attention_type == "factorized":
+            return get_position_embeds(self, seq_len, dtype, device)
+        return symbolic_position_embeds(self, seq_len, dtype, device)
+
+    position_embeds.__wrapped__ = get_position_embeds
+    return position_embeds
+
+
+@contextlib.contextmanager
+def patch_funnel_positions(model: torch.nn.Module) -> Iterator[None]:
+    """Keep Funnel's sequence dynamic: its relative positions from symbolic sizes instead of lists of Python ints.
+
+    Model pattern: ``FunnelAttentionStructure.get_position_embeds`` (transformers 5.22-5.24) builds
+    ``pos = list(range(seq_len))`` and pools that list block by block, "so the relative-position
+    ``arange`` sizes stay static for export": ``range`` of a symbolic length specialises the
+    sequence to the traced one, and a program captured at 7 tokens refuses 11. Only four numbers
+    of each list are read (its first, second and last positions and its length), and pooling keeps
+    the tail an arithmetic progression, so ``Positions`` carries them with a symbolic length and
+    gives the same ``arange``s (``symbolic_position_embeds``). Its relative shift
+    (``_relative_shift_gather``) then reads ``[seq, rel]`` as ``[rel, seq]`` with two reshapes, whose
+    view guards on a symbolic length hold only for some lengths (``Mod(...) == 0``): the same elements
+    are read with one ``gather`` (``gathered_relative_shift``). A no-op for a model without Funnel's
+    attention structure. Delete when transformers computes them from the size.
+
+    Args:
+        model: the model to export; only the attention-structure classes it uses are patched.
+    """
+    classes = {type(m) for m in model.modules() if type(m).__name__ == "FunnelAttentionStructure"
+               and callable(getattr(type(m), "get_position_embeds", None))}
+    with contextlib.ExitStack() as stack:
+        for owner in classes:
+            stack.enter_context(swap_attr(owner, "get_position_embeds",
+                                          _symbolic_funnel_positions(owner.get_position_embeds)))
+            module = sys.modules[owner.__module__]
+            if callable(vars(module).get("_relative_shift_gather")):
+                stack.enter_context(swap_attr(module, "_relative_shift_gather", gathered_relative_shift))
+        yield
+
+
 def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     """Return the architecture patches for ``model``, bound to it (each a no-op where its pattern is absent).
 
@@ -258,12 +389,13 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
         model: the model to export.
 
     Returns:
-        ``patch_position_interpolation``, ``patch_latent_attention_keys``, ``patch_complex_rotary`` and
-        ``patch_real_fourier_mixing`` bound to ``model``.
+        ``patch_position_interpolation``, ``patch_latent_attention_keys``, ``patch_complex_rotary``,
+        ``patch_real_fourier_mixing`` and ``patch_funnel_positions`` bound to ``model``.
 
     Example:
-        >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))]
-        ['patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing']
+        >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))][3:]
+        ['patch_real_fourier_mixing', 'patch_funnel_positions']
     """
     return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys,
-                                                               patch_complex_rotary, patch_real_fourier_mixing))
+                                                               patch_complex_rotary, patch_real_fourier_mixing,
+                                                               patch_funnel_positions))

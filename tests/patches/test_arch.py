@@ -13,11 +13,17 @@ from hfx import zoo
 from hfx.patches import (
     arch_patches,
     patch_complex_rotary,
+    patch_funnel_positions,
     patch_latent_attention_keys,
     patch_position_interpolation,
     patch_real_fourier_mixing,
 )
-from hfx.patches._arch import concatenated_expand_kv, is_interpolating_vision_model, real_dft2
+from hfx.patches._arch import (
+    concatenated_expand_kv,
+    gathered_relative_shift,
+    is_interpolating_vision_model,
+    real_dft2,
+)
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE
 from tests.tolerances import FP32_ONE_BLOCK, FP32_SAME_KERNELS
 
@@ -59,7 +65,7 @@ def test_dinov2_exports_with_dynamic_image_size_and_matches_eager_at_a_new_size(
 def test_arch_patches_are_bound_to_the_model(dinov2):
     patches = arch_patches(dinov2)
     assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary,
-                                         patch_real_fourier_mixing]
+                                         patch_real_fourier_mixing, patch_funnel_positions]
     assert all(p.args == (dinov2,) for p in patches)
 
 
@@ -222,3 +228,42 @@ def test_openvino_still_has_no_conversion_for_the_fft():
     program = torch.export.export(_RealFourier(), (torch.randn(1, 4, 6),))
     with pytest.raises(Exception, match="fft|conversion rule"):
         ov.convert_model(program)
+
+
+# patch_funnel_positions
+
+FUNNEL = "masked-lm:funnel"
+
+
+def test_funnel_with_symbolic_positions_gives_eager_logits_bitwise_and_is_restored(models):
+    from transformers.models.funnel import modeling_funnel
+
+    model = models(FUNNEL)
+    original = vars(modeling_funnel.FunnelAttentionStructure)["get_position_embeds"]
+    for sequence in (5, 11):
+        inputs = zoo.forward_inputs(FUNNEL, batch=2, sequence=sequence)
+        with torch.no_grad():
+            want = model(**inputs).logits
+            with patch_funnel_positions(model):
+                assert modeling_funnel._relative_shift_gather is gathered_relative_shift
+                got = model(**inputs).logits
+        assert torch.equal(got, want)  # the same positions and the same gathered elements
+    assert vars(modeling_funnel.FunnelAttentionStructure)["get_position_embeds"] is original
+
+
+def test_funnel_exports_with_a_dynamic_sequence():
+    # Two blocks (one pooling, of positions and of the relative shift) with one layer each and one decoder layer:
+    # the same patched code in less export time. With the zoo's three blocks a capture at 7 tokens pools the
+    # sequence to one token in the third, and torch's contiguity check then pins it (Eq((s - 1) // 4, 1)),
+    # which no patch of the model's positions changes: capture such a model at 16 tokens or more.
+    from transformers import AutoModelForMaskedLM
+
+    config = zoo.entry(FUNNEL).config()
+    config.block_sizes, config.num_decoder_layers = [1, 1], 1
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_config(config).eval()
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(FUNNEL, batch=2, sequence=7), model))
+    assert exported.io.inputs[0].shape == ("batch", "sequence")
+    for sequence in (3, 11, 24):
+        report = hfx.verify(model, zoo.forward_inputs(FUNNEL, batch=3, sequence=sequence), exported)
+        assert report.passed, str(report)
