@@ -186,7 +186,7 @@ def real_dft2(x: torch.Tensor) -> torch.Tensor:
     """The real part of the 2-D discrete Fourier transform of ``x`` ``[batch, seq, hidden]`` over its last two axes.
 
     ``Re fft2(x) = C_s x C_h - S_s x S_h`` with ``C_n[j, k] = cos(2 pi jk / n)`` and ``S_n`` the sine, both
-    symmetric; the angle's ``jk`` is taken modulo ``n`` first, so it stays exact in float32 at any length.
+    symmetric; the angle's ``jk`` is taken modulo ``n`` first, so its float32 rounding does not grow with the length.
     Computed in float32 and returned in ``x``'s dtype.
 
     Example:
@@ -271,7 +271,7 @@ def pooled_positions(positions: Positions, block_index: int, *, separate_cls: bo
     """``FunnelAttentionStructure.stride_pool_pos`` on ``Positions``: every second position, the <cls> kept apart.
 
     Example:
-        >>> listed = [0, *range(1, 9)]  # list(range(9))
+        >>> listed = list(range(9))
         >>> pooled = pooled_positions(Positions(0, 1, 1, 8), 1, separate_cls=True, truncate_seq=True)
         >>> [pooled.first, *(pooled.start + k * pooled.step for k in range(pooled.count))] == [-1, *listed[1:-1][::2]]
         True

@@ -191,18 +191,28 @@ def test_fnet_with_real_fourier_mixing_gives_eager_logits_and_is_restored(models
     torch.testing.assert_close(got, want, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
 
 
+def _dft_matrix(n: int) -> torch.Tensor:
+    """``scipy.linalg.dft(n)`` in complex64: ``exp(-2 pi i jk / n)``."""
+    k = torch.arange(n, dtype=torch.float64)
+    return torch.polar(torch.ones(n, n, dtype=torch.float64), -2 * torch.pi * torch.outer(k, k) / n).to(torch.complex64)
+
+
 def test_real_fourier_mixing_leaves_the_tpu_dft_matrices_alone(models):
     # The TPU variant cuts its DFT matrices to the sequence length: not the DFT of that length, so not replaced.
+    import functools
+
     from transformers.models.fnet import modeling_fnet
 
     model = models(FNET)
     mixing = next(m for m in model.modules() if isinstance(m, modeling_fnet.FNetBasicFourierTransform))
     tpu = modeling_fnet.FNetBasicFourierTransform.__new__(modeling_fnet.FNetBasicFourierTransform)
     torch.nn.Module.__init__(tpu)
-    tpu.fourier_transform = lambda x: torch.fft.fft(x.type(torch.complex64), dim=-1)
+    tpu.fourier_transform = functools.partial(modeling_fnet.two_dim_matmul, matrix_dim_one=_dft_matrix(8),
+                                              matrix_dim_two=_dft_matrix(6))
     x = torch.randn(1, 4, 6)
+    want = tpu(x)[0]
     with patch_real_fourier_mixing(model):
-        torch.testing.assert_close(tpu(x)[0], torch.fft.fft(x, dim=-1).real)
+        assert torch.equal(tpu(x)[0], want)
         assert torch.equal(mixing(x)[0], real_dft2(x))
 
 
