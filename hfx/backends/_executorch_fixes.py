@@ -26,6 +26,7 @@ from hfx.backends._executorch_retraces import (
     patch_bilinear_patterns_not_built_when_kept_whole,
     patch_decompositions_in_one_retrace,
     patch_decompositions_skipped_when_nothing_decomposes,
+    patch_edge_dtype_check_reads_metadata,
     patch_export_pass_skips_unchanged_retraces,
 )
 from hfx.patches import Patch, swap_attr, swap_item
@@ -516,4 +517,5 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_bilinear_patterns_not_built_when_kept_whole,
     patch_decompositions_in_one_retrace,
     patch_decompositions_skipped_when_nothing_decomposes,
+    patch_edge_dtype_check_reads_metadata,
 )

@@ -1,5 +1,6 @@
 """The lowering-speed patches: an unchanged graph is not retraced, bilinear patterns are not built while torch keeps
-the op whole, a decomposition with nothing to do is skipped, and the program is the same bytes with and without each."""
+the op whole, a decomposition with nothing to do is skipped, the edge dtype check reads recorded values, and the program
+is the same bytes with and without each."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hfx.backends._executorch_retraces import (  # noqa: E402
     patch_bilinear_patterns_not_built_when_kept_whole,
     patch_decompositions_in_one_retrace,
     patch_decompositions_skipped_when_nothing_decomposes,
+    patch_edge_dtype_check_reads_metadata,
     patch_export_pass_skips_unchanged_retraces,
 )
 
@@ -203,3 +205,40 @@ def test_one_decomposition_retrace_steps_aside_without_the_skip(monkeypatch):
     without_skip = tuple(p for p in PTE_PATCHES if p is not patch_decompositions_skipped_when_nothing_decomposes)
     alone = tuple(p for p in without_skip if p is not patch_decompositions_in_one_retrace)
     assert _retraces(monkeypatch, without_skip) == _retraces(monkeypatch, alone)
+
+
+class _MatMul(torch.nn.Module):
+    def forward(self, left, right):
+        return torch.mm(left, right).relu()
+
+
+def _edge_graph_module():
+    from executorch.exir import to_edge
+
+    program = torch.export.export(_MatMul(), (torch.randn(3, 4), torch.randn(4, 2)))
+    return to_edge(program).exported_program().graph_module
+
+
+def test_the_edge_dtype_check_reads_the_recorded_values_and_still_refuses_a_mismatch():
+    """Also the canary: ExecuTorch's check still runs the ops (a recorded shape mm refuses fails it)."""
+    from executorch.exir.verification.verifier import SpecViolationError, _check_tensor_args_matching_op_allowed_dtype
+
+    graph_module = _edge_graph_module()
+    left = next(node for node in graph_module.graph.nodes if node.op == "placeholder")
+    recorded = left.meta["val"]
+    left.meta["val"] = recorded.new_empty(3, 5)  # a shape mm would refuse: only a check that runs it fails
+    with pytest.raises(Exception, match="reduction dim"):
+        _check_tensor_args_matching_op_allowed_dtype(graph_module)
+    with patch_edge_dtype_check_reads_metadata():
+        _check_tensor_args_matching_op_allowed_dtype(graph_module)
+        left.meta["val"] = recorded.to(torch.int32)  # mm's arguments of two dtypes: refused as without the patch
+        with pytest.raises(SpecViolationError, match=r"aten\.mm\.default.*'self': torch\.int32, 'mat2': torch\.float32"):
+            _check_tensor_args_matching_op_allowed_dtype(graph_module)
+    with pytest.raises(SpecViolationError, match=r"aten\.mm\.default"):
+        _check_tensor_args_matching_op_allowed_dtype(graph_module)
+
+
+def test_the_dtype_check_from_recorded_values_lowers_to_the_same_bytes(monkeypatch):
+    validators = _block_lowered_with_and_without(patch_edge_dtype_check_reads_metadata, "_recorded_value_validator",
+                                                 monkeypatch)
+    assert len(validators) == 1 and validators[0].hfx_reads_metadata

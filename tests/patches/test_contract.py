@@ -232,6 +232,8 @@ ROWS = (
         slots=lambda: [(_owner("executorch.exir.pass_base", "ExportPass"), "call")]),
     Row(patch=_pte_fixes.patch_decompositions_in_one_retrace, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.program._program"), "_apply_pre_decomposition_transforms")]),
+    Row(patch=_pte_fixes.patch_edge_dtype_check_reads_metadata, needs="executorch",
+        slots=lambda: [(_owner("executorch.exir.verification.verifier"), "EdgeOpArgValidator")]),
     Row(patch=_pte_fixes.patch_decompositions_skipped_when_nothing_decomposes, needs="executorch",
         slots=lambda: [(torch.export.ExportedProgram, "run_decompositions")]),
     Row(patch=_pte_fixes.patch_bilinear_patterns_not_built_when_kept_whole, needs="executorch",
