@@ -297,7 +297,7 @@ def lower_to_pte(
         ... def my_patch():
         ...     yield
         >>> lower_to_pte(lin, patches=(*hfx.backends.PTE_PATCHES, my_patch)).patches[-2:]
-        ('patch_decompositions_skipped_when_nothing_decomposes', 'my_patch')
+        ('patch_edge_dtype_check_reads_metadata', 'my_patch')
     """
     require("executorch", extra="executorch", stage="lower_to_pte")
     patches = fixes_option(patches, stage="lower_to_pte", option="patches", default="PTE_PATCHES")
