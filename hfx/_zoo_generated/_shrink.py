@@ -120,6 +120,10 @@ OVERRIDES: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     # Axial position embeddings: the two factors' widths sum to the width, the two shape factors multiply to at
     # least the sequence length.
     "reformer": MappingProxyType({"axial_pos_embds_dim": [16, 16], "axial_pos_shape": [8, 8]}),
+    # Each block after the first pools the sequence by 2: the default three pool the census capture's 7 tokens to
+    # 1, and torch's contiguity check then pins the length (Eq((s - 1)//4, 1)); two blocks keep it dynamic
+    # (hfx.patches.patch_funnel_positions; tests/patches/test_arch.py).
+    "funnel": MappingProxyType({"block_sizes": [1, 1]}),
 })
 
 

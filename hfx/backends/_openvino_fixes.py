@@ -114,6 +114,35 @@ def mod_by_floordiv(graph: Any, /) -> None:
         graph.erase_node(node)
 
 
+def power_by_products(graph: Any, /) -> None:
+    """Rewrite ``a ** k`` on sizes (``operator.pow``, ``k`` a small non-negative int) as ``a * a * ...``.
+
+    torch's symbolic shapes simplify a size times itself to a power: Funnel's relative
+    shift (``hfx.patches.patch_funnel_positions``) views a ``[.., s * s]`` tensor, which
+    the exported graph computes as ``operator.pow(s, 2)`` on a SymInt. OpenVINO 2026.4's
+    PyTorch frontend has no conversion rule for it ("No conversion rule found for
+    operations: <built-in function pow>"). Delete when the frontend converts ``pow``.
+    """
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is operator.pow]:
+        base, exponent = node.args
+        if not isinstance(exponent, int) or isinstance(exponent, bool) or not 1 <= exponent <= _MAX_POWER:
+            continue
+        with graph.inserting_before(node):
+            product = base
+            for _ in range(exponent - 1):
+                product = _sym_node(graph, operator.mul, product, base)
+        if product is base:  # a ** 1
+            node.replace_all_uses_with(base)
+        else:
+            product.meta.update(node.meta)
+            node.replace_all_uses_with(product)
+        graph.erase_node(node)
+
+
+# Powers written out as products up to this exponent (a size squared or cubed; larger ones stay as they are).
+_MAX_POWER = 4
+
+
 def _sym_node(graph: Any, function: Callable[[Any, Any], Any], left: Any, right: Any) -> Any:
     """A ``call_function`` node of ``function(left, right)`` whose ``val`` meta is that of its operands'."""
     node = graph.call_function(function, (left, right))
@@ -161,5 +190,6 @@ OV_GRAPH_FIXES: tuple[OvGraphFix, ...] = (
     drop_empty_cat_operands,
     negate_by_multiplying,
     mod_by_floordiv,
+    power_by_products,
     separate_outputs,
 )

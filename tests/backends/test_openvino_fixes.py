@@ -20,6 +20,7 @@ from hfx.backends._openvino import lower_to_ov  # noqa: E402
 from hfx.backends._openvino_fixes import (  # noqa: E402
     drop_empty_cat_operands,
     mod_by_floordiv,
+    power_by_products,
     negate_by_multiplying,
     separate_outputs,
     static_view_sizes,
@@ -89,6 +90,46 @@ def test_without_mod_by_floordiv_size_arithmetic_still_fails(padded):
     """Canary, and the option honoured: when this fails, OpenVINO converts ``operator.mod`` and the fix can go."""
     with pytest.raises(hfx.LoweringError, match="No conversion rule found for operations: <built-in function mod>"):
         lower_to_ov(padded, graph_fixes=_without(mod_by_floordiv))
+
+
+class _SquareView(torch.nn.Module):
+    """Funnel's relative shift: a ``[batch, s, s]`` tensor flattened to ``[batch, s * s]`` and viewed by that size,
+    which torch's decomposition writes as ``s ** 2``."""
+
+    def forward(self, x):
+        flat = (x[:, :, None] * x[:, None, :]).reshape(x.shape[0], -1)
+        return flat.reshape(x.shape[0], 1, flat.shape[1]) + 1
+
+
+@pytest.fixture(scope="module")
+def squared():
+    shapes = hfx.DynamicShapes(axes={"x": {0: "batch", 1: "width"}}, bounds={"batch": (1, 8), "width": (2, 64)})
+    return hfx.export(hfx.capture({"x": torch.randn(2, 5)}, _SquareView(), dynamic_shapes=shapes))
+
+
+def test_a_size_squared_converts(squared):
+    program = lower_to_ov(squared)
+    for batch, width in ((1, 3), (3, 11)):
+        x = torch.randn(batch, width)
+        assert torch.equal(program(x=x), _SquareView()(x))
+
+
+def test_without_power_by_products_a_size_squared_still_fails(squared):
+    """Canary, and the option honoured: when this fails, OpenVINO converts ``operator.pow`` and the fix can go."""
+    with pytest.raises(hfx.LoweringError, match="No conversion rule found for operations: <built-in function pow>"):
+        lower_to_ov(squared, graph_fixes=_without(power_by_products))
+
+
+def test_only_small_integer_powers_are_written_out():
+    graph = torch.fx.Graph()
+    size = graph.placeholder("size")
+    powers = [graph.call_function(operator.pow, (size, k)) for k in (1, 3, 9, 0.5)]
+    graph.output(tuple(powers))
+    power_by_products(graph)
+    left = [n for n in graph.nodes if n.target is operator.pow]
+    assert [n.args[1] for n in left] == [9, 0.5]
+    assert sum(n.target is operator.mul for n in graph.nodes) == 2  # size ** 3 as size * size * size
+    assert torch.fx.GraphModule(torch.nn.Module(), graph)(5)[:2] == (5, 125)
 
 
 # --- static view sizes -----------------------------------------------------------------------------
