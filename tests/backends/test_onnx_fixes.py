@@ -36,6 +36,7 @@ from hfx.backends._onnx_fixes import (  # noqa: E402
     convert_under_no_grad,
     scalar_first_operands_as_tensors,
     torchlib_registry_built_once,
+    type_promotion_reads_recorded_values,
     unused_assert_conditions_dropped,
 )
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE, new_inputs  # noqa: E402
@@ -112,10 +113,20 @@ def test_exported_and_grad_mode_are_unchanged_by_lowering(biased):
 
 
 def test_without_no_grad_torch_onnx_still_cannot_view(biased):
-    """Canary, and the option honoured: when this fails, torch.onnx keeps the traced strides and the fix can go."""
+    """Canary, and the option honoured: when this fails, torch.onnx keeps the traced strides and the fix can go.
+    The type promotion fix runs no SDPA again either (it reads the traced values), so it is left out here too."""
     _, exported = biased
     with pytest.raises(hfx.LoweringError, match="Cannot view a tensor with shape"):
-        lower_to_onnx(exported, fixes=_without(convert_under_no_grad))
+        lower_to_onnx(exported, fixes=tuple(f for f in _without(convert_under_no_grad)
+                                            if f is not type_promotion_reads_recorded_values))
+
+
+def test_either_fix_alone_keeps_the_traced_strides(biased):
+    model, exported = biased
+    torch.manual_seed(1)
+    for fix in (convert_under_no_grad, type_promotion_reads_recorded_values):
+        report = verify(model, _biased_inputs(**NEW_SHAPE), lower_to_onnx(exported, fixes=_without(fix)))
+        assert report.max_abs <= FP32_ONE_BLOCK, (fix.__name__, str(report))
 
 
 def test_the_grad_mode_fix_runs_the_conversion_under_no_grad():
@@ -248,6 +259,82 @@ def test_the_assert_fix_drops_the_conditions_while_converting_and_puts_the_pass_
     with pytest.raises(RuntimeError, match="boom"):
         unused_assert_conditions_dropped(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
     assert _fx_passes.remove_assertion_nodes is original
+
+
+# --- type promotion over the recorded values -------------------------------------------------------
+
+
+class _MixedDtypes(torch.nn.Module):
+    """Float arithmetic that needs no cast, then across dtypes that torch promotes: float32 times int32, plus int64,
+    compared with a float."""
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            x = (x.tanh() * x.sigmoid() - x.exp()).abs().sqrt()
+        mixed = x * ids.to(torch.int32) + ids
+        return torch.where(ids > 2.5, mixed, x.sum(-1, keepdim=True) / ids.shape[-1])
+
+
+def _mixed_inputs(batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    return {"x": torch.randn(batch, sequence), "ids": torch.arange(batch * sequence).reshape(batch, sequence) % 5}
+
+
+def _mixed_dtypes() -> hfx.Capture:
+    axes = {0: "batch", 1: "sequence"}
+    return hfx.capture(_mixed_inputs(2, 7), _MixedDtypes(),
+                       dynamic_shapes=hfx.DynamicShapes(axes={"x": axes, "ids": axes},
+                                                        bounds={"batch": (1, None), "sequence": (1, None)}))
+
+
+def _promotion_pass_runs(monkeypatch, fix) -> tuple[str, int, int, int, int]:
+    """``(graph after, ops run, ops in the graph before, ops of them without a recorded value, ops it added)`` of
+    torch.onnx's type promotion pass on the decomposed ``_MixedDtypes`` graph, run inside ``fix``."""
+    from torch.onnx._internal.exporter import _fx_passes
+
+    program = torch.export.export(_MixedDtypes(), (), _mixed_inputs(2, 7),
+                                  dynamic_shapes={"x": {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},
+                                                  "ids": {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}})
+    module = program.run_decompositions().graph_module
+    before = sum(node.op == "call_function" for node in module.graph.nodes)
+    unvalued = sum(node.op == "call_function" and node.meta.get("val") is None for node in module.graph.nodes)
+    runs, call_function = [], torch.fx.Interpreter.call_function
+    monkeypatch.setattr(torch.fx.Interpreter, "call_function",
+                        lambda self, *args: runs.append(args[0]) or call_function(self, *args))
+    fix(lambda: _fx_passes.insert_type_promotion_nodes(module))
+    monkeypatch.undo()
+    after = sum(node.op == "call_function" for node in module.graph.nodes)
+    return str(module.graph), len(runs), before, unvalued, after - before
+
+
+def test_the_promotion_fix_inserts_the_same_casts_and_runs_only_the_ops_it_promotes(monkeypatch):
+    fixed, runs, before, unvalued, casts = _promotion_pass_runs(monkeypatch, type_promotion_reads_recorded_values)
+    plain = _promotion_pass_runs(monkeypatch, lambda convert: convert())[0]
+    assert fixed == plain and casts >= 2  # the casts torch's pass inserts
+    # Each cast runs once and each op it promotes (at most one per cast) twice, as in torch's pass, and the ops that
+    # recorded no value (a metadata assert) once; not the ~20 float ops that need no cast.
+    assert 0 < runs <= 3 * casts + unvalued < before - 15
+    program = lower_to_onnx(_mixed_dtypes())
+    assert "type_promotion_reads_recorded_values" in program.fixes
+    inputs = _mixed_inputs(3, 11)
+    got = program(**inputs)
+    assert got.dtype == torch.float32 and torch.allclose(got, _MixedDtypes()(**inputs), atol=FP32_ONE_BLOCK)
+
+
+def test_torch_onnx_still_runs_every_op_again_to_promote_types(monkeypatch):
+    """Canary: when this fails, torch.onnx's pass reads the recorded values and the fix can go."""
+    _, runs, before, _, _ = _promotion_pass_runs(monkeypatch, lambda convert: convert())
+    assert runs >= before
+
+
+def test_the_promotion_fix_puts_the_interpreter_back():
+    from torch.onnx._internal.fx.passes import type_promotion
+
+    original = type_promotion._TypePromotionInterpreter
+    assert type_promotion_reads_recorded_values(lambda: type_promotion._TypePromotionInterpreter) is not original
+    assert type_promotion._TypePromotionInterpreter is original
+    with pytest.raises(RuntimeError, match="boom"):
+        type_promotion_reads_recorded_values(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert type_promotion._TypePromotionInterpreter is original
 
 
 # --- the torchlib registry ---------------------------------------------------------------------------
