@@ -10,6 +10,7 @@ import attrs
 
 from hfx._errors import ComponentError
 from hfx._records import Components
+from hfx._stack import on_a_reserved_stack
 
 Stage = Callable[..., Any]
 S = TypeVar("S", bound=Stage)
@@ -22,7 +23,9 @@ def per_component(stage: S, /, *, name: str | None = None) -> S:
     before it and the keyword options are passed to every component alike. A
     failure keeps its own type (``CaptureError``, ``InputError``, ``ValueError``
     ...) and gains a note naming the component and the stage
-    (``exc.__notes__``: ``"in component 'decode' of lower_to_pte"``).
+    (``exc.__notes__``: ``"in component 'decode' of lower_to_pte"``). The stage
+    runs on a reserved frame stack (``hfx._stack``): stages trace graphs many
+    frames deep.
 
     Args:
         stage: a function whose last positional argument is one record.
@@ -42,13 +45,14 @@ def per_component(stage: S, /, *, name: str | None = None) -> S:
         10
     """
     label = name or _stage_name(stage)
+    reserved = on_a_reserved_stack(stage)
 
     @functools.wraps(stage)
     def lifted(*args: Any, **options: Any) -> Any:
         if not args or not isinstance(args[-1], Components):
-            return stage(*args, **options)  # also the stage's own TypeError for a missing subject, which curry reads
+            return reserved(*args, **options)  # also the stage's own TypeError for a missing subject, which curry reads
         *data, subject = args
-        items = {key: _named(key, label, lambda v: stage(*data, v, **options), value) for key, value in subject.items()}
+        items = {key: _named(key, label, lambda v: reserved(*data, v, **options), value) for key, value in subject.items()}
         return attrs.evolve(subject, items=items)
 
     return lifted  # type: ignore[return-value]

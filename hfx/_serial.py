@@ -7,6 +7,9 @@ ExecuTorch trace through the same machinery, and hfx's patches swap attributes o
 classes and modules that every thread sees. So the stages that trace or patch
 (``export``, ``decompose``, ``calibration_inputs``, the lowerings, ``quantize_pt2e``)
 run one at a time; calling programs, ``verify`` and ``generate`` do not take the lock.
+The same stages run their many-frames-deep loops over a graph's nodes on a reserved
+frame stack (``hfx._stack``: CPython 3.11 and 3.12 map and unmap a stack chunk per call
+across a chunk's edge).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from hfx._stack import on_a_reserved_stack
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 # Re-entrant: a stage that runs another (lower_to_pte exports again) takes it again in the same thread.
@@ -23,7 +28,8 @@ _TRACING = threading.RLock()
 
 
 def one_at_a_time(function: _F) -> _F:
-    """``function``, run under hfx's tracing lock: a call in another thread waits until this one returns.
+    """``function``, run under hfx's tracing lock (a call in another thread waits until this one returns), on a
+    reserved frame stack (``hfx._stack.on_a_reserved_stack``).
 
     Example:
         >>> @one_at_a_time
@@ -33,9 +39,11 @@ def one_at_a_time(function: _F) -> _F:
         2
     """
 
+    reserved = on_a_reserved_stack(function)
+
     @functools.wraps(function)
     def locked(*args: Any, **kwargs: Any) -> Any:
         with _TRACING:
-            return function(*args, **kwargs)
+            return reserved(*args, **kwargs)
 
     return locked  # type: ignore[return-value]

@@ -12,6 +12,7 @@ import torch
 
 import hfx
 from hfx import zoo
+from hfx._stack import on_a_reserved_stack
 from tests import shared_exports
 from tests.helpers import decomposed_by_name, exported_by_name, memoized, one_layer
 
@@ -35,9 +36,23 @@ _SHARING = pytest.MonkeyPatch()
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "fresh_exports: every export in the test traces afresh (tests/shared_exports.py)")
+    import _pytest.fixtures
+
     import hfx._export.export as module
 
     _SHARING.setattr(module, "exported_from_flat", shared_exports.sharing(module.exported_from_flat))
+    # Fixtures and tests run eager models and generate many frames deep too, outside hfx's stages: on a reserved
+    # frame stack as the stages do (hfx._stack, python/cpython#142183). pytest's function that calls a fixture.
+    if callable(getattr(_pytest.fixtures, "call_fixture_func", None)):
+        _SHARING.setattr(_pytest.fixtures, "call_fixture_func", on_a_reserved_stack(_pytest.fixtures.call_fixture_func))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Each test function on a reserved frame stack (see pytest_configure); pytest's own call, inside it."""
+    from _pytest.python import pytest_pyfunc_call as call
+
+    return on_a_reserved_stack(call)(pyfuncitem)
 
 
 # The tests of export itself, of its patches and of what it leaves behind when a stage fails or runs in threads.
