@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
+import math
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -382,6 +384,67 @@ def patch_funnel_positions(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
+def batched_axial_positions(self: torch.nn.Module, position_ids: torch.Tensor) -> torch.Tensor:
+    """Reformer's axial position encodings of ``position_ids`` in eval mode, every row gathered at once.
+
+    The values of ``AxialPositionEmbeddings.forward``: the axial weights broadcast to the
+    ``axial_pos_shape`` grid, concatenated, flattened row-major, and position ``p`` read at row
+    ``p`` (transformers first cuts the grid to the rows the largest id needs, which keeps each
+    read row where it is).
+    """
+    sequence_length = position_ids.shape[1]
+    axial = tuple(self.axial_pos_shape)
+    if math.prod(axial) < sequence_length:
+        msg = (f"Make sure that config.axial_pos_shape factors: {axial} multiply at least to the sequence length "
+               f"{sequence_length}.")
+        raise ValueError(msg)
+    grid = torch.cat([weight.expand(axial + weight.shape[-1:]) for weight in self.weights], dim=-1)
+    table = grid.reshape(1, math.prod(axial), grid.shape[-1]).expand(position_ids.shape[0], -1, -1)
+    return torch.gather(table, 1, position_ids[..., None].expand(-1, -1, grid.shape[-1]))
+
+
+def _batched_in_eval(forward: Any) -> Any:
+    """``forward`` with its eval-mode path replaced by ``batched_axial_positions`` (training is left as it is)."""
+
+    @functools.wraps(forward)
+    def batched(self: torch.nn.Module, position_ids: torch.Tensor) -> torch.Tensor:
+        return forward(self, position_ids) if self.training else batched_axial_positions(self, position_ids)
+
+    return batched
+
+
+def _selects_row_by_row(forward: Any) -> bool:
+    """Whether ``forward``'s source loops over the batch (``for i in range(batch_size)``)."""
+    try:
+        return "range(batch_size)" in inspect.getsource(forward)
+    except (OSError, TypeError):
+        return False
+
+
+@contextlib.contextmanager
+def patch_axial_positions(model: torch.nn.Module) -> Iterator[None]:
+    """Keep Reformer's batch dynamic: its axial position encodings gathered for all rows at once.
+
+    Model pattern: ``AxialPositionEmbeddings.forward`` (Reformer, transformers 5.22-5.24) in eval
+    mode selects each row's positions in a Python loop, ``torch.cat([torch.index_select(
+    position_encodings[i], 0, position_ids[i]).unsqueeze(0) for i in range(batch_size)])``:
+    ``range`` of the batch size specialises the batch, and a program captured at batch 2 refuses 3.
+    The loop also reads the largest id with ``.item()``, a data-dependent size. The patch gathers
+    the same rows of the whole grid in one ``torch.gather`` (``batched_axial_positions``).
+    Applied only where the class's ``forward`` still loops over the batch; a no-op for a model
+    without it. Delete when transformers selects the positions in one op.
+
+    Args:
+        model: the model to export; only the axial-position classes it uses are patched.
+    """
+    classes = {type(m) for m in model.modules() if type(m).__name__ == "AxialPositionEmbeddings"
+               and hasattr(m, "axial_pos_shape") and _selects_row_by_row(type(m).forward)}
+    with contextlib.ExitStack() as stack:
+        for owner in classes:
+            stack.enter_context(swap_attr(owner, "forward", _batched_in_eval(owner.forward)))
+        yield
+
+
 def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     """Return the architecture patches for ``model``, bound to it (each a no-op where its pattern is absent).
 
@@ -390,12 +453,12 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
 
     Returns:
         ``patch_position_interpolation``, ``patch_latent_attention_keys``, ``patch_complex_rotary``,
-        ``patch_real_fourier_mixing`` and ``patch_funnel_positions`` bound to ``model``.
+        ``patch_real_fourier_mixing``, ``patch_funnel_positions`` and ``patch_axial_positions`` bound to ``model``.
 
     Example:
         >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))][3:]
-        ['patch_real_fourier_mixing', 'patch_funnel_positions']
+        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions']
     """
     return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys,
                                                                patch_complex_rotary, patch_real_fourier_mixing,
-                                                               patch_funnel_positions))
+                                                               patch_funnel_positions, patch_axial_positions))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import hfx
 from hfx import zoo
 from hfx.patches import (
     arch_patches,
+    patch_axial_positions,
     patch_complex_rotary,
     patch_funnel_positions,
     patch_latent_attention_keys,
@@ -19,6 +21,7 @@ from hfx.patches import (
     patch_real_fourier_mixing,
 )
 from hfx.patches._arch import (
+    batched_axial_positions,
     concatenated_expand_kv,
     gathered_relative_shift,
     is_interpolating_vision_model,
@@ -65,7 +68,7 @@ def test_dinov2_exports_with_dynamic_image_size_and_matches_eager_at_a_new_size(
 def test_arch_patches_are_bound_to_the_model(dinov2):
     patches = arch_patches(dinov2)
     assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary,
-                                         patch_real_fourier_mixing, patch_funnel_positions]
+                                         patch_real_fourier_mixing, patch_funnel_positions, patch_axial_positions]
     assert all(p.args == (dinov2,) for p in patches)
 
 
@@ -277,3 +280,51 @@ def test_funnel_exports_with_a_dynamic_sequence():
     for sequence in (3, 11, 24):
         report = hfx.verify(model, zoo.forward_inputs(FUNNEL, batch=3, sequence=sequence), exported)
         assert report.passed, str(report)
+
+
+# patch_axial_positions
+
+REFORMER = "masked-lm:reformer"
+
+
+def test_reformer_with_batched_axial_positions_gives_eager_logits_bitwise_and_is_restored(models):
+    from transformers.models.reformer import modeling_reformer
+
+    model = models(REFORMER)
+    original = vars(modeling_reformer.AxialPositionEmbeddings)["forward"]
+    for batch, sequence in ((2, 5), (3, 11)):
+        inputs = zoo.forward_inputs(REFORMER, batch=batch, sequence=sequence)
+        with torch.no_grad():
+            want = model(**inputs).logits
+            with patch_axial_positions(model):
+                got = model(**inputs).logits
+        assert torch.equal(got, want)  # the same rows of the same grid
+    assert vars(modeling_reformer.AxialPositionEmbeddings)["forward"] is original
+
+
+def test_batched_axial_positions_read_each_rows_ids_and_refuse_a_sequence_past_the_grid(models):
+    embeddings = next(m for m in models(REFORMER).modules() if type(m).__name__ == "AxialPositionEmbeddings")
+    ids = torch.tensor([[0, 5, 3], [7, 1, 1]])
+    with torch.no_grad():
+        got = batched_axial_positions(embeddings, ids)
+        assert torch.equal(got, type(embeddings).forward(embeddings, ids))
+        assert torch.equal(got[1, 1], got[1, 2]) and got.shape == (2, 3, got.shape[-1])
+        too_long = torch.arange(math.prod(embeddings.axial_pos_shape) + 1)[None]
+        with pytest.raises(ValueError, match="axial_pos_shape"):
+            batched_axial_positions(embeddings, too_long)
+
+
+def test_reformer_exports_with_a_dynamic_batch_and_matches_eager(models):
+    model = models(REFORMER)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(REFORMER, batch=2, sequence=7), model))
+    assert exported.io.inputs[0].shape == ("batch", "sequence")
+    report = hfx.verify(model, zoo.forward_inputs(REFORMER, batch=3, sequence=11), exported)
+    assert report.passed, str(report)
+
+
+def test_without_the_axial_patch_reformer_still_exports_a_static_batch(models):
+    """Canary: when this fails, transformers selects the positions in one op and the patch can go."""
+    model = models(REFORMER)
+    others = tuple(p for p in hfx.patches.default_patches(model) if getattr(p, "func", None) is not patch_axial_positions)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(REFORMER, batch=2, sequence=7), model), patches=others)
+    assert exported.io.inputs[0].shape[0] == 2
