@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -36,14 +37,16 @@ _RESERVED_SLOTS = 64_600
 _INSIDE = threading.local()
 
 
+def _call(work: Callable[[], Any]) -> Any:
+    return work()
+
+
 @functools.cache
 def _reserving_call() -> Callable[[Callable[[], Any]], Any]:
-    """``call(work) -> work()`` from a frame of ``_RESERVED_SLOTS`` locals (compiled once)."""
-    names = ", ".join(f"_{i}" for i in range(_RESERVED_SLOTS))
-    source = f"def call(work):\n    if 0:\n        {names} = 0\n    return work()\n"
-    namespace: dict[str, Any] = {}
-    exec(compile(source, "<hfx._stack: a reserved frame-stack chunk>", "exec"), namespace)  # noqa: S102 - our own source
-    return namespace["call"]
+    """``_call`` with ``_RESERVED_SLOTS`` unused locals added to its code (built once)."""
+    names = _call.__code__.co_varnames + tuple(f"_{i}" for i in range(_RESERVED_SLOTS))
+    code = _call.__code__.replace(co_varnames=names, co_nlocals=len(names))
+    return types.FunctionType(code, _call.__globals__, "reserving_call")
 
 
 def faults_of_calls_across_an_edge() -> int | None:

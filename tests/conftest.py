@@ -7,6 +7,7 @@ import gc
 import os
 import warnings
 
+import _pytest.python
 import pytest
 import torch
 
@@ -47,12 +48,13 @@ def pytest_configure(config):
         _SHARING.setattr(_pytest.fixtures, "call_fixture_func", on_a_reserved_stack(_pytest.fixtures.call_fixture_func))
 
 
+_RESERVED_PYFUNC_CALL = on_a_reserved_stack(_pytest.python.pytest_pyfunc_call)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
     """Each test function on a reserved frame stack (see pytest_configure); pytest's own call, inside it."""
-    from _pytest.python import pytest_pyfunc_call as call
-
-    return on_a_reserved_stack(call)(pyfuncitem)
+    return _RESERVED_PYFUNC_CALL(pyfuncitem)
 
 
 # The tests of export itself, of its patches and of what it leaves behind when a stage fails or runs in threads.
