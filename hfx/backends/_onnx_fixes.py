@@ -199,9 +199,10 @@ def _round_output_to_bfloat16(node: Any, value: Any) -> None:
             outputs[position] = rounded.outputs[0]
 
 
-def _recorded_value_promotion(interpreter: type) -> type:
+def _recorded_value_promotion(interpreter: type, rule_of: Callable[[torch.fx.Node, Any], Any]) -> type:
     """A subclass of torch.onnx's ``_TypePromotionInterpreter`` that takes the value of each node it leaves unchanged
-    from the node's ``meta["val"]``, and runs only the nodes it promotes (their values change)."""
+    from the node's ``meta["val"]``, and runs only the nodes it promotes (their values change); ``rule_of(node,
+    table)`` is torch.onnx's ``get_type_promotion_rule``."""
 
     class RecordedValuePromotion(interpreter):
         """``_TypePromotionInterpreter`` over the values the graph recorded (hfx: ``type_promotion_reads_recorded_values``)."""
@@ -213,20 +214,13 @@ def _recorded_value_promotion(interpreter: type) -> type:
             if node.op != "call_function" or recorded is None:
                 return super().run_node(node)
             with self._set_current_node(node):
-                if rule := _promotion_rule(node, self.type_promotion_table):
+                if rule := rule_of(node, self.type_promotion_table):
                     self._maybe_promote_node(node, rule)
             if node.meta.get("val") is not recorded:  # promoted and re-run: its value is the new one
                 return torch.fx.Interpreter.run_node(self, node)
             return recorded
 
     return RecordedValuePromotion
-
-
-def _promotion_rule(node: torch.fx.Node, table: Any) -> Any:
-    """torch.onnx's type promotion rule for ``node``, or None."""
-    from torch.onnx._internal.fx.passes import type_promotion
-
-    return type_promotion.get_type_promotion_rule(node, table)
 
 
 def type_promotion_reads_recorded_values(convert: Callable[[], Any], /) -> Any:
@@ -252,11 +246,11 @@ def type_promotion_reads_recorded_values(convert: Callable[[], Any], /) -> Any:
     except ImportError:  # another torch.onnx: no such pass
         return convert()
     interpreter = getattr(type_promotion, "_TypePromotionInterpreter", None)
+    rule_of = getattr(type_promotion, "get_type_promotion_rule", None)
     if (not isinstance(interpreter, type) or not issubclass(interpreter, torch.fx.Interpreter)
-            or hasattr(interpreter, "hfx_reads_recorded_values")
-            or not hasattr(type_promotion, "get_type_promotion_rule")):
+            or hasattr(interpreter, "hfx_reads_recorded_values") or not callable(rule_of)):
         return convert()
-    with swap_attr(type_promotion, "_TypePromotionInterpreter", _recorded_value_promotion(interpreter)):
+    with swap_attr(type_promotion, "_TypePromotionInterpreter", _recorded_value_promotion(interpreter, rule_of)):
         return convert()
 
 
