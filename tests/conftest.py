@@ -36,16 +36,43 @@ _SHARING = pytest.MonkeyPatch()
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "fresh_exports: every export in the test traces afresh (tests/shared_exports.py)")
+    config.addinivalue_line("markers", "fresh_exports: every export and runtime conversion in the test runs afresh (tests/shared_exports.py)")
     import _pytest.fixtures
 
     import hfx._export.export as module
 
     _SHARING.setattr(module, "exported_from_flat", shared_exports.sharing(module.exported_from_flat))
+    _share_lowerings()
     # Fixtures and tests run eager models and generate many frames deep too, outside hfx's stages: on a reserved
     # frame stack as the stages do (hfx._stack, python/cpython#142183). pytest's function that calls a fixture.
     if callable(getattr(_pytest.fixtures, "call_fixture_func", None)):
         _SHARING.setattr(_pytest.fixtures, "call_fixture_func", on_a_reserved_stack(_pytest.fixtures.call_fixture_func))
+
+
+# Conversions kept per worker: a popular graph is converted again far apart in the suite (by the reuse distances
+# of one run, 8 kept would share ~70 of its ~200 repeated worker-seconds, 64 ~125); OpenVINO models and ExecuTorch
+# bytes are few Python objects for the garbage collector to walk.
+LOWERINGS_KEPT = 64
+
+
+def _share_lowerings():
+    """The runtimes' conversions of one ``Exported`` object with the same options run once per worker (the zoo
+    Llama's decode graph was converted again by 8 modules each for ONNX and OpenVINO: ~150 worker-seconds); a shared
+    export is one object, and ``for_runtime`` of one object one object too. Each caller gets its own copy of what
+    it may change: OpenVINO's ``Model`` and the ExecuTorch bounds and counts."""
+    import hfx.backends._aoti as aoti
+    import hfx.backends._executorch as executorch
+    import hfx.backends._onnx as onnx
+    import hfx.backends._openvino as openvino
+
+    for_runtime = shared_exports.sharing_by_identity(onnx.for_runtime, kept=LOWERINGS_KEPT)
+    for module in (aoti, executorch, onnx, openvino):
+        _SHARING.setattr(module, "for_runtime", for_runtime)
+    _SHARING.setattr(onnx, "_to_onnx", shared_exports.sharing_by_identity(onnx._to_onnx, kept=LOWERINGS_KEPT))  # noqa: SLF001
+    _SHARING.setattr(openvino, "_convert", shared_exports.sharing_by_identity(  # noqa: SLF001
+        openvino._convert, copy=lambda model: model.clone(), kept=LOWERINGS_KEPT))  # noqa: SLF001
+    _SHARING.setattr(executorch, "_to_pte", shared_exports.sharing_by_identity(  # noqa: SLF001
+        executorch._to_pte, skip=("log",), copy=lambda made: (*made[:2], dict(made[2]), dict(made[3])), kept=LOWERINGS_KEPT))  # noqa: SLF001
 
 
 _RESERVED_PYFUNC_CALL = on_a_reserved_stack(_pytest.python.pytest_pyfunc_call)

@@ -156,36 +156,91 @@ def suspended() -> Iterator[None]:
         _SUSPENDED.on = before
 
 
-# Exports kept per worker, the most recently used first: every object kept alive is walked by each full garbage
+# Results kept per worker, the most recently used first: every object kept alive is walked by each full garbage
 # collection, so a store of every export made the whole suite slower than the traces it saved (measured: 40 kept
 # decomposed exports made an unrelated lowering 9% slower). The repeated exports are a few popular graphs.
 KEPT = 8
 
 
-def sharing(original: Any, kept: int = KEPT) -> Any:
-    """``exported_from_flat`` that returns the ``Exported`` of a recent call with the same fingerprint."""
+def _sharing_now() -> bool:
+    """Whether this call may share: not in a ``suspended`` block, and on the main thread (tests of threads run
+    their stages concurrently on purpose)."""
+    return not getattr(_SUSPENDED, "on", False) and threading.current_thread() is threading.main_thread()
+
+
+def _shared(original: Any, key_of: Any, watched: Any, *, kept: int, copy: Any = None) -> Any:
+    """``original`` that returns (a ``copy`` of) the result of a recent call whose ``key_of(*args, **kwargs)`` is
+    the same, while the ``Exported`` that ``watched(result, *args, **kwargs)`` names still holds the weights it held
+    when the result was made. ``key_of`` returns ``None`` for a call that must run."""
     store: collections.OrderedDict[str, tuple[Any, str, list[Any]]] = collections.OrderedDict()
     lock = threading.Lock()
+    copy = copy or (lambda result: result)
 
     @functools.wraps(original)
-    def shared(flat: Any, shapes: Any, patches: Any) -> Any:
-        if (getattr(_SUSPENDED, "on", False) or threading.current_thread() is not threading.main_thread()
-                or isinstance(flat.source, torch.fx.GraphModule)):  # a lowering's re-export of its own graph: never
-            return original(flat, shapes, patches)  # seen again, it would only push shared exports out of the store
-        key, pinned = fingerprint(flat.module, flat.source, dict(flat.kwargs), dict(flat.constants), flat.name,
-                                  shapes, tuple(patches))
+    def shared(*args: Any, **kwargs: Any) -> Any:
+        keyed = key_of(*args, **kwargs) if _sharing_now() else None
+        if keyed is None:
+            return original(*args, **kwargs)
+        key, pinned = keyed
         with lock:
             found = store.get(key)
             if found is not None:
                 store.move_to_end(key, last=False)
-        if found is not None and _weights_digest(found[0]) == found[1]:
-            return found[0]
-        exported = original(flat, shapes, patches)
+        if found is not None and _weights_digest(watched(found[0], *args, **kwargs)) == found[1]:
+            return copy(found[0])
+        result = original(*args, **kwargs)
         with lock:
-            store[key] = (exported, _weights_digest(exported), pinned)
+            store[key] = (result, _weights_digest(watched(result, *args, **kwargs)), pinned)
             store.move_to_end(key, last=False)
             while len(store) > kept:
                 store.popitem()
-        return exported
+        return copy(result)
 
     return shared
+
+
+def sharing(original: Any, kept: int = KEPT) -> Any:
+    """``exported_from_flat`` that returns the ``Exported`` of a recent call with the same fingerprint."""
+
+    def key_of(flat: Any, shapes: Any, patches: Any) -> tuple[str, list[Any]] | None:
+        if isinstance(flat.source, torch.fx.GraphModule):  # a lowering's re-export of its own graph: never seen
+            return None  # again, it would only push shared exports out of the store
+        return fingerprint(flat.module, flat.source, dict(flat.kwargs), dict(flat.constants), flat.name, shapes,
+                           tuple(patches))
+
+    return _shared(original, key_of, lambda exported, *_: exported, kept=kept)
+
+
+def identity_key(*values: Any) -> tuple[str, list[Any]]:
+    """The digest of ``values``: plain values, tuples, lists and dicts by value, anything else (records, programs,
+    functions, a fix that records its calls) by identity, kept alive in the list returned."""
+    parts: list[Any] = []
+    pinned: list[Any] = []
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, _PLAIN):
+            return (type(value).__qualname__, value)
+        if isinstance(value, (tuple, list)):
+            return (type(value).__qualname__, [walk(item) for item in value])
+        if isinstance(value, Mapping):
+            return ("mapping", sorted((repr(walk(k)), walk(v)) for k, v in value.items()))
+        pinned.append(value)
+        return ("identity", type(value).__qualname__, id(value))
+
+    parts = [walk(value) for value in values]
+    return hashlib.sha1(repr(parts).encode()).hexdigest(), pinned
+
+
+def sharing_by_identity(original: Any, *, skip: tuple[str, ...] = (), copy: Any = None, kept: int = KEPT) -> Any:
+    """``original(exported, ...)``, a pure function of an ``Exported`` (``for_runtime``, a lowering's conversion),
+    returning a recent call's result for the same ``Exported`` object and ``identity_key``-equal other arguments
+    (those named in ``skip``, such as a log it writes, left out). Shared exports make equal exports one object."""
+    import inspect
+
+    signature = inspect.signature(original)
+
+    def key_of(*args: Any, **kwargs: Any) -> tuple[str, list[Any]]:
+        bound = signature.bind(*args, **kwargs).arguments
+        return identity_key(original, sorted((name, value) for name, value in bound.items() if name not in skip))
+
+    return _shared(original, key_of, lambda _, exported, *__, **___: exported, kept=kept, copy=copy)

@@ -10,7 +10,7 @@ import torch
 import hfx
 from hfx import zoo
 from tests.helpers import one_layer
-from tests.shared_exports import fingerprint, sharing
+from tests.shared_exports import fingerprint, identity_key, sharing, sharing_by_identity, suspended
 
 _exported_from_flat = hfx._export.export.exported_from_flat  # noqa: SLF001
 _unshared = getattr(_exported_from_flat, "__wrapped__", _exported_from_flat)  # the suite installs the shared one
@@ -75,3 +75,43 @@ def test_a_test_marked_fresh_exports_traces_again():
     model = torch.nn.Linear(3, 2)
     capture = hfx.capture({"input": torch.ones(2, 3)}, model)
     assert hfx.export(capture).program is not hfx.export(capture).program
+
+
+def test_identity_key_reads_plain_values_and_containers_and_counts_the_rest_by_identity():
+    record = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 2)))
+    key, pinned = identity_key(record, {"sequence": (1, 8)}, ("a", 2))
+    assert key == identity_key(record, {"sequence": (1, 8)}, ("a", 2))[0]
+    assert any(p is record for p in pinned)
+    assert key != identity_key(record, {"sequence": (1, 9)}, ("a", 2))[0]
+    twin = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 2)))
+    assert key != identity_key(twin, {"sequence": (1, 8)}, ("a", 2))[0]
+
+
+def test_a_conversion_is_shared_for_one_exported_until_its_weights_change_and_each_caller_gets_a_copy():
+    calls = []
+
+    def convert(exported, options, log):
+        calls.append(log)
+        return [exported.name, options]
+
+    shared = sharing_by_identity(convert, skip=("log",), copy=list)
+    model = torch.nn.Linear(3, 2)
+    exported = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, model), patches=())
+    first = shared(exported, (1, 2), log="first")
+    second = shared(exported, (1, 2), log="second")
+    assert first == second and first is not second and calls == ["first"]  # the log is not in the key
+    shared(exported, (1, 3), log="other options")
+    with suspended():
+        shared(exported, (1, 2), log="suspended")
+    with torch.no_grad():
+        exported.program.state_dict["weight"][0, 0] += 1
+    shared(exported, (1, 2), log="new weights")
+    assert calls == ["first", "other options", "suspended", "new weights"]
+
+
+def test_the_suite_shares_each_runtime_conversion_of_one_exported():
+    exported = hfx.export(hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 2)))
+    first, second = hfx.lower_to_ov(exported), hfx.lower_to_ov(exported)
+    assert first.model is not second.model  # each program compiled its own copy of the one conversion
+    assert hfx.lower_to_onnx(exported).model is hfx.lower_to_onnx(exported).model
+    assert hfx.lower_to_onnx(exported).model is not hfx.lower_to_onnx(exported, optimize=False).model

@@ -532,11 +532,14 @@ def _quietly() -> Iterator[io.StringIO]:
 def _native_stderr() -> Iterator[io.StringIO]:
     """Collect what native code writes to file descriptor 2 while the block runs.
 
-    ExecuTorch's runtime logs with ``fprintf(stderr)`` (XNNPACK's cpuinfo probe
-    prints five lines on the first load in a process), which ``sys.stderr``
-    cannot intercept. On exit every line except that probe is written back to
-    ``sys.stderr``; the block's caller may also put the text in an error. fd 2 is
-    process-wide: another thread's stderr output in the block is delayed, not lost.
+    ExecuTorch's runtime logs with ``fprintf(stderr)``, which ``sys.stderr``
+    cannot intercept, and its Python bindings send part of that log to
+    ``sys.stderr`` instead (XNNPACK's cpuinfo probe prints five lines on the first
+    load in a process: into a notebook's or pytest's ``sys.stderr`` when it is not
+    fd 2). Both are collected. On exit every line except that probe is written back
+    to ``sys.stderr``; the block's caller may also put the text in an error. fd 2
+    and ``sys.stderr`` are process-wide: another thread's stderr output in the
+    block is delayed, not lost.
     """
     buffer = io.StringIO()
     with _FD2_LOCK, tempfile.TemporaryFile() as sink:
@@ -547,13 +550,15 @@ def _native_stderr() -> Iterator[io.StringIO]:
             yield buffer
             return
         os.dup2(sink.fileno(), 2)
+        written = io.StringIO()
         try:
-            yield buffer
+            with contextlib.redirect_stderr(written):
+                yield buffer
         finally:
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
-            buffer.write(sink.read().decode(errors="replace"))
+            buffer.write(sink.read().decode(errors="replace") + written.getvalue())
     kept = [line for line in buffer.getvalue().splitlines(keepends=True) if not _NATIVE_NOISE.match(line)]
     if kept and sys.stderr is not None:
         sys.stderr.write("".join(kept))
