@@ -273,7 +273,7 @@ def open_as_model(checkpoint: Path, out: Path, *, threads: int) -> Generate:
 
 
 def with_threads(programs: Any, threads: int) -> Any:
-    """``programs`` whose components compute on ``threads`` threads where the record takes them (ONNX, OpenVINO).
+    """``programs`` whose components compute on ``threads`` threads where the record takes them (ONNX, OpenVINO, ExecuTorch).
 
     Their default is every CPU of the machine, set on the session, which ``pin_threads`` cannot reach.
     """

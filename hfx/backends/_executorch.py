@@ -52,6 +52,7 @@ from hfx._records import Capture, DynamicShapes, Exported, IoSpec
 from hfx.backends._common import (
     as_exported,
     captured_output,
+    check_threads,
     first_line,
     fix_names,
     fixes_option,
@@ -61,6 +62,7 @@ from hfx.backends._common import (
     with_log,
 )
 from hfx.backends._executorch_fixes import PTE_PATCHES
+from hfx.backends._executorch_threads import loading_on_threads
 from hfx.backends._executorch_rewrites import XNNPACK_REWRITES, PteRewrite, as_edge_passes
 from hfx.patches import Patch, with_patches
 from hfx._serial import one_at_a_time
@@ -80,7 +82,8 @@ _METHOD = "forward"
 _QUIET_LOGGERS = ("torch", "torchao", "executorch")
 
 # Lines the native runtime writes to stderr on a successful load (XNNPACK's CPU probe, once per process).
-_NATIVE_NOISE = re.compile(r"^\[cpuinfo_utils\.cpp:\d+\]")
+# XNNPACK's CPU probe on the first load in a process, and the notice of a new threadpool (``threads``).
+_NATIVE_NOISE = re.compile(r"^\[(cpuinfo_utils\.cpp:\d+\]|threadpool\.cpp:\d+\] Resetting threadpool to \d+ threads)")
 
 # executorch/runtime/core/error.h
 _ERROR_NAMES = MappingProxyType(
@@ -152,8 +155,12 @@ class PteProgram:
     output structure; buffers the graph writes (a KV cache kept inside) keep
     their values from call to call. ``weights`` is the ``.ptd`` file that holds
     the weights when they are kept apart from the ``.pte``
-    (``lower_to_pte(weights_apart=...)``), else ``None``. Do not call one program
-    from several threads at once: ExecuTorch methods reuse one memory arena.
+    (``lower_to_pte(weights_apart=...)``), else ``None``. XNNPACK computes on
+    ExecuTorch's one threadpool per process; ``threads`` sizes it before the method
+    loads (``None``: as it is, a thread per core unless set), refused while another
+    loaded program runs on it at another size (``hfx.backends._executorch_threads``).
+    Do not call one program from several threads at once: ExecuTorch methods reuse
+    one memory arena.
     """
 
     buffer: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
@@ -163,12 +170,15 @@ class PteProgram:
     rewrites: Mapping[str, int] = attrs.field(factory=dict, converter=lambda counts: MappingProxyType(dict(counts)))
     constant_methods: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda m: MappingProxyType(dict(m)))
     weights: PteWeights | None = None
+    threads: int | None = attrs.field(default=None)
     _program: Any = attrs.field(
         init=False, repr=False,
         default=attrs.Factory(lambda s: _load_program(s.buffer, s.name, s.weights), takes_self=True),
     )
     _method: Any = attrs.field(
-        init=False, repr=False, default=attrs.Factory(lambda s: _load_method(s._program, s.name, s.buffer), takes_self=True)
+        init=False, repr=False, default=attrs.Factory(
+            lambda s: loading_on_threads(s, s.threads, lambda: _load_method(s._program, s.name, s.buffer),
+                                         quiet=_native_stderr), takes_self=True)
     )
 
     @property
@@ -237,6 +247,7 @@ def lower_to_pte(
     rewrites: tuple[PteRewrite, ...] = XNNPACK_REWRITES,
     constant_methods: Mapping[str, Any] | None = None,
     weights_apart: bool | None = None,
+    threads: int | None = None,
 ) -> PteProgram:
     """Lower ``exported`` to an ExecuTorch program delegated to XNNPACK, planned for bounded dims.
 
@@ -275,6 +286,9 @@ def lower_to_pte(
             ``get_max_seq_len``, ``get_eos_ids`` ... so).
         weights_apart: keep the weights in a ``.ptd`` file beside the ``.pte`` (``True``), inside the
             ``.pte`` (``False``), or apart only when a weight is tied to an embedding (``None``).
+        threads: the threads of ExecuTorch's process-wide threadpool, set before the program
+            loads; ``None`` leaves the pool as it is (a thread per core unless set). Refused
+            (``ValueError``) while another loaded program is alive on a pool of another size.
 
     Returns:
         A ``PteProgram`` callable like the model (``Components`` of them for ``Components``).
@@ -282,7 +296,8 @@ def lower_to_pte(
     Raises:
         ImportError: executorch is missing (install ``hfx[executorch]``).
         ValueError: ``max_sizes`` names a dim the program does not have, or asks for more than
-            the export allows (or less than its lower bound).
+            the export allows (or less than its lower bound); ``threads`` is not a positive int, or
+            differs from the pool's while another loaded program is alive.
         TypeError: ``exported`` is neither ``Exported`` nor ``Capture``, or ``patches`` or
             ``rewrites`` is not a tuple of callables.
         LoweringError: torch.export, ExecuTorch or its runtime failed; names the component and model.
@@ -303,6 +318,8 @@ def lower_to_pte(
     patches = fixes_option(patches, stage="lower_to_pte", option="patches", default="PTE_PATCHES")
     rewrites = fixes_option(rewrites, stage="lower_to_pte", option="rewrites", default="XNNPACK_REWRITES")
     methods = _constant_methods(constant_methods)
+    if threads is not None:
+        check_threads("lower_to_pte", threads)
     if weights_apart is not None and not isinstance(weights_apart, bool):
         msg = f"lower_to_pte: weights_apart must be True, False or None (apart when tied), got {weights_apart!r}"
         raise TypeError(msg)
@@ -316,7 +333,7 @@ def lower_to_pte(
     io_spec = attrs.evolve(exported.io, bounds={**exported.io.bounds, **kept})
     try:
         return PteProgram(buffer=buffer, io=io_spec, name=exported.name, patches=fix_names(patches),
-                          rewrites=counts, constant_methods=methods, weights=weights)
+                          rewrites=counts, constant_methods=methods, weights=weights, threads=threads)
     except LoweringError as exc:
         what = f"the program was built, but the ExecuTorch runtime refused it: {first_line(exc)}."
         todo = "The runtime's output below names the operator or delegate; replace it with a patch at export."
