@@ -214,7 +214,6 @@ def sharing(original: Any, kept: int = KEPT) -> Any:
 def identity_key(*values: Any) -> tuple[str, list[Any]]:
     """The digest of ``values``: plain values, tuples, lists and dicts by value, anything else (records, programs,
     functions, a fix that records its calls) by identity, kept alive in the list returned."""
-    parts: list[Any] = []
     pinned: list[Any] = []
 
     def walk(value: Any) -> Any:
@@ -241,6 +240,6 @@ def sharing_by_identity(original: Any, *, skip: tuple[str, ...] = (), copy: Any 
 
     def key_of(*args: Any, **kwargs: Any) -> tuple[str, list[Any]]:
         bound = signature.bind(*args, **kwargs).arguments
-        return identity_key(original, sorted((name, value) for name, value in bound.items() if name not in skip))
+        return identity_key(original, [(name, value) for name, value in bound.items() if name not in skip])
 
     return _shared(original, key_of, lambda _, exported, *__, **___: exported, kept=kept, copy=copy)

@@ -38,12 +38,13 @@ def loading_on_threads(program: Any, threads: int | None, load: Any, *, quiet: A
     if threads is not None:  # checked here: attrs runs a field's validator after the other fields' factories
         check_threads("PteProgram", threads)
     with _LOCK:
-        if threads is not None and pool_threads() != threads:
+        size = pool_threads()
+        if threads is not None and size != threads:
             alive = sorted(getattr(other, "name", "model") for other in _LOADED)
             if alive:
-                msg = (f"PteProgram: ExecuTorch has one threadpool per process, now {pool_threads()} threads, and "
+                msg = (f"PteProgram: ExecuTorch has one threadpool per process, now {size} threads, and "
                        f"{len(alive)} loaded program(s) ({', '.join(alive[:5])}) run on it; this one asks for {threads}. "
-                       f"Replacing the pool under them would crash them: pass threads={pool_threads()} (or None), "
+                       f"Replacing the pool under them would crash them: pass threads={size} (or None), "
                        "let those programs go first, or run this one in another process.")
                 raise ValueError(msg)
             with quiet():  # "[threadpool.cpp:66] Resetting threadpool to N threads."
