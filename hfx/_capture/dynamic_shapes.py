@@ -39,10 +39,11 @@ def _cache_rule(name: str, owners: tuple[type, ...]) -> Mapping[int, str]:
     return {0: "batch"}
 
 
-def _rule_for(name: str, owners: tuple[type, ...] = (), ndim: int = 2) -> Mapping[int, str] | None:
+def _rule_for(name: str, owners: tuple[type, ...] = (), ndim: int = 2, aliases: Mapping[str, str] | None = None) -> Mapping[int, str] | None:
     if owners:
         return _cache_rule(name, owners)
     top = name.split(".", 1)[0]
+    top = (aliases or {}).get(top, top)
     if top in ("attention_mask", "decoder_attention_mask") and ndim == 4:
         # A 4D mask (static caches): batch, heads, query, key; the key axis spans the static cache.
         return {0: "batch", 2: "sequence" if top == "attention_mask" else "decoder_sequence"}
@@ -61,6 +62,34 @@ def _rule_for(name: str, owners: tuple[type, ...] = (), ndim: int = 2) -> Mappin
 _CONFLICT_NAMES: Mapping[tuple[str, str], str] = {("attention_mask", "sequence"): "total_sequence"}
 # Inputs whose sizes define the dims, named first so the others are compared against them.
 _PRIMARY = ("input_ids", "decoder_input_ids", "inputs_embeds", "pixel_values", "input_features", "input_values")
+
+
+_KNOWN = frozenset().union(*(names for names, _ in _AXIS_RULES))
+
+
+def main_input_aliases(model: torch.nn.Module | None, kwargs: Mapping[str, Any]) -> dict[str, str]:
+    """``{input: the known input whose axes it has}`` for a model whose main input has another name.
+
+    Perceiver's models take their tokens or pixels as ``inputs`` (``main_input_name``): an
+    integer matrix is read as ``input_ids``, a float tensor of 4, 3 or 2 dims as
+    ``pixel_values``, ``input_features`` or ``input_values``.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Identity()
+        >>> model.main_input_name = "inputs"
+        >>> main_input_aliases(model, {"inputs": torch.ones(2, 5, dtype=torch.long)})
+        {'inputs': 'input_ids'}
+    """
+    main = getattr(model, "main_input_name", None)
+    tensor = kwargs.get(main) if isinstance(main, str) and main not in _KNOWN else None
+    if not isinstance(tensor, torch.Tensor):
+        return {}
+    if not tensor.is_floating_point():
+        known = "input_ids" if tensor.ndim == 2 else None
+    else:
+        known = {4: "pixel_values", 3: "input_features", 2: "input_values"}.get(tensor.ndim)
+    return {main: known} if known else {}
 
 
 def _default_bounds(model: torch.nn.Module | None) -> dict[str, tuple[int, int | None]]:
@@ -125,14 +154,15 @@ def infer_dynamic_shapes(
             return carried
         return DynamicShapes(axes=carried.axes, bounds={d: bounds.get(d, b) for d, b in carried.bounds.items()})
     tensors = owned_tensors(capture.kwargs)
-    ordered = sorted(tensors, key=lambda item: item[0].split(".", 1)[0] not in _PRIMARY)
-    batch = next((t.shape[0] for n, t, o in ordered if _rule_for(n, o, t.ndim) and t.ndim), None)
+    aliases = main_input_aliases(capture.source, capture.kwargs)
+    ordered = sorted(tensors, key=lambda item: aliases.get(top := item[0].split(".", 1)[0], top) not in _PRIMARY)
+    batch = next((t.shape[0] for n, t, o in ordered if _rule_for(n, o, t.ndim, aliases) and t.ndim), None)
     if batch is None and tensors and tensors[0][1].ndim:
         batch = tensors[0][1].shape[0]
     hints: dict[str, int] = {}
     axes: dict[str, dict[int, str]] = {}
     for name, tensor, owners in ordered:
-        rule = _rule_for(name, owners, tensor.ndim) or ({0: "batch"} if tensor.ndim and tensor.shape[0] == batch else {})
+        rule = _rule_for(name, owners, tensor.ndim, aliases) or ({0: "batch"} if tensor.ndim and tensor.shape[0] == batch else {})
         per_axis: dict[int, str] = {}
         for axis, dim in rule.items():
             if not -tensor.ndim <= axis < tensor.ndim or (tensor.shape[axis] == 0 and dim != "past_sequence"):

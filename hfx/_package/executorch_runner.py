@@ -90,7 +90,7 @@ def decode_program(programs: Components) -> PteProgram:
         decode = export(decode)
     if isinstance(decode, Exported):
         metadata = runner_metadata(programs, decode)
-        decode = lower_to_pte(attrs.evolve(decode, name="model"), max_sizes={"sequence": metadata["get_max_seq_len"]}, constant_methods=metadata)
+        decode = lower_to_pte(decode, max_sizes={"sequence": metadata["get_max_seq_len"]}, constant_methods=metadata)
     if not isinstance(decode, PteProgram):
         msg = (f"package for {CONSUMER}: the decode component is a {type(decode).__name__}; give Components of "
                "Capture, Exported or PteProgram records")

@@ -53,8 +53,6 @@ def transformers_js_names(program: Any) -> Any:
     """
     import onnx_ir as ir
 
-    from hfx.backends._onnx import OnnxProgram
-
     model = program.model.clone()  # the graph is new, the weights are shared
     for value in (*model.graph.inputs, *model.graph.outputs):
         value.name = _js_name(value.name)

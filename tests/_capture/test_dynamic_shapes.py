@@ -28,6 +28,17 @@ def test_unknown_inputs_get_batch_on_axis_zero_only():
     assert dict(shapes.axes["input"]) == {0: "batch"}
 
 
+def test_a_main_input_of_another_name_gets_the_axes_of_the_known_input_it_is():
+    # Perceiver takes its tokens as ``inputs`` (its main_input_name): without the alias both axes came out static
+    # and a longer text was refused (generated zoo, masked-lm:perceiver).
+    name = "masked-lm:perceiver"
+    model = zoo.build(name)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7), model))
+    assert dict(exported.dynamic_shapes.axes["inputs"]) == {0: "batch", 1: "sequence"}
+    assert dict(exported.dynamic_shapes.axes["attention_mask"]) == {0: "batch", 1: "sequence"}
+    assert hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported).passed
+
+
 def test_bounds_override_defaults(models):
     shapes = hfx.infer_dynamic_shapes(hfx.capture(zoo.inputs("llama"), models("llama")), bounds={"batch": (1, 8)})
     assert shapes.bounds["batch"] == (1, 8)

@@ -11,7 +11,7 @@ import torch
 
 import hfx
 from hfx._cli.main import _report, main
-from tests._cli.test_main import hfx_cli, upstream_noise
+from tests._cli.test_main import hfx_cli, in_process, upstream_noise
 
 
 def _one_paragraph(result: subprocess.CompletedProcess[str]) -> str:
@@ -51,26 +51,14 @@ def test_options_that_cannot_apply_fail_before_any_work(args, says, capsys):
     assert says in err and "Traceback" not in err and "load" not in err
 
 
-def _in_process(args: list[str], capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
-    """``main(args)`` in this process, as ``hfx_cli`` reports a run: the exit code (argparse's ``SystemExit``
-    too) and what reached file descriptors 1 and 2. For failures before any model loads: the subprocess path is
-    ``test_a_bad_argument_exits_2_with_one_paragraph``'s."""
-    try:
-        code = main(args)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(args, code, out, err)
-
-
 def test_an_unknown_option_is_argparse_usage_and_exit_2(capfd):
-    result = _in_process(["export", "--no-such-option"], capfd)
+    result = in_process(["export", "--no-such-option"], capfd)
     assert result.returncode == 2 and "unrecognized arguments: --no-such-option" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_a_missing_model_directory_names_it_and_what_to_pass(tmp_path, capfd):
-    result = _in_process(["export", str(tmp_path / "no-such-model"), "--to", "pt2", "--out", str(tmp_path / "out")],
+    result = in_process(["export", str(tmp_path / "no-such-model"), "--to", "pt2", "--out", str(tmp_path / "out")],
                          capfd)
     assert result.returncode == 2
     message = _one_paragraph(result)
@@ -89,14 +77,14 @@ def test_an_unreachable_hub_says_so_and_what_to_pass_instead(tmp_path):
 def test_a_missing_runtime_package_names_the_extra_to_install(tmp_path, capfd, monkeypatch):
     # ``sys.modules[name] = None`` is how Python marks a module as not importable: find_spec returns None.
     monkeypatch.setitem(sys.modules, "openvino", None)
-    result = _in_process(["export", "--to", "ov", "--out", str(tmp_path)], capfd)
+    result = in_process(["export", "--to", "ov", "--out", str(tmp_path)], capfd)
     assert result.returncode == 2
     assert "runtime ov: this runtime needs openvino" in _one_paragraph(result)
     assert "pip install 'hfx[openvino]'" in result.stderr
 
 
 def test_verbose_shows_the_traceback(tmp_path, capfd):
-    result = _in_process(["export", str(tmp_path / "no-such-model"), "--to", "pt2", "--verbose"], capfd)
+    result = in_process(["export", str(tmp_path / "no-such-model"), "--to", "pt2", "--verbose"], capfd)
     assert result.returncode == 2
     assert "Traceback (most recent call last)" in result.stderr and "UsageError" in result.stderr
 

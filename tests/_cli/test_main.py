@@ -1,8 +1,11 @@
-"""The hfx command line end to end, run in a subprocess as a user would.
+"""The hfx command line end to end: the exports in a subprocess as a user runs them, the rest in-process.
 
 One ``hfx export --generation`` of a tiny Llama saved with ``save_pretrained``
 (and a tokenizer) is shared by every test in this module: they read its table,
 its progress output, and run ``hfx inspect`` and ``hfx run`` on what it saved.
+``hfx run``, ``hfx zoo`` and a failing export run ``main`` in this process
+(``in_process``: the same code and output, without a ~7 s interpreter start-up
+each); the subprocess path is the two exports' and ``hfx inspect``'s.
 """
 
 from __future__ import annotations
@@ -28,6 +31,18 @@ def hfx_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 600) -
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "hfx", *args], capture_output=True, text=True, timeout=timeout,
                           env=environment)
+
+
+def in_process(args: list[str], capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
+    """``main(args)`` in this process, as ``hfx_cli`` reports a run: the exit code (argparse's ``SystemExit``
+    too) and what reached file descriptors 1 and 2."""
+    capfd.readouterr()  # what the test printed before
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
 def upstream_noise(stderr: str) -> list[str]:
@@ -92,11 +107,11 @@ def test_inspect_shows_components_axes_bounds_and_versions(llama_export, capsys)
     assert described["generation"]["model_class"] == "LlamaForCausalLM"
 
 
-def test_run_generates_from_a_prompt_with_the_saved_tokenizer(llama_export):
+def test_run_generates_from_a_prompt_with_the_saved_tokenizer(llama_export, capfd):
     import hfx
 
     _, out = llama_export
-    result = hfx_cli("run", str(out), "--prompt", "w10 w11 w12", "--max-new-tokens", "4")
+    result = in_process(["run", str(out), "--prompt", "w10 w11 w12", "--max-new-tokens", "4"], capfd)
     assert result.returncode == 0, result.stderr
     programs = hfx.load(out / "onnx")
     encoded = programs.processor("w10 w11 w12", return_tensors="pt")
@@ -106,27 +121,27 @@ def test_run_generates_from_a_prompt_with_the_saved_tokenizer(llama_export):
     assert result.stdout.startswith("w10 w11 w12")
 
 
-def test_run_samples_like_hfx_generate_with_the_same_seed(llama_export):
+def test_run_samples_like_hfx_generate_with_the_same_seed(llama_export, capfd):
     import torch
 
     import hfx
 
     _, out = llama_export
-    result = hfx_cli("run", str(out), "--runtime", "onnx", "--input-ids", "5,6", "--do-sample", "--seed", "7",
-                     "--max-new-tokens", "6")
+    result = in_process(["run", str(out), "--runtime", "onnx", "--input-ids", "5,6", "--do-sample", "--seed", "7",
+                         "--max-new-tokens", "6"], capfd)
     ids = torch.tensor([[5, 6]])
     expected = hfx.generate({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, hfx.load(out / "onnx"),
                             max_new_tokens=6, do_sample=True, seed=7)
     assert result.stdout.strip() == ",".join(map(str, expected[0].tolist()))
 
 
-def test_run_searches_beams_with_the_common_options_as_eager_generate_does(llama_export):
+def test_run_searches_beams_with_the_common_options_as_eager_generate_does(llama_export, capfd):
     import torch
     from transformers import AutoModelForCausalLM
 
     _, out = llama_export
-    result = hfx_cli("run", str(out), "--runtime", "onnx", "--input-ids", "5,6,7", "--num-beams", "3",
-                     "--repetition-penalty", "1.2", "--no-repeat-ngram-size", "2", "--max-new-tokens", "6")
+    result = in_process(["run", str(out), "--runtime", "onnx", "--input-ids", "5,6,7", "--num-beams", "3",
+                         "--repetition-penalty", "1.2", "--no-repeat-ngram-size", "2", "--max-new-tokens", "6"], capfd)
     assert result.returncode == 0, result.stderr
     model = AutoModelForCausalLM.from_pretrained(out.parent / "llama").eval()
     ids = torch.tensor([[5, 6, 7]])
@@ -157,9 +172,9 @@ def test_export_for_consumers_writes_the_packages_their_pipelines_load(tmp_path)
     assert len(generator.get_sequence(0)) == 4
 
 
-def test_a_failed_check_exits_1_and_the_table_says_fail(tmp_path):
+def test_a_failed_check_exits_1_and_the_table_says_fail(tmp_path, capfd):
     pytest.importorskip("onnxruntime")
-    result = hfx_cli("export", "bert", "--to", "onnx", "--atol", "0", "--rtol", "0", "--out", str(tmp_path))
+    result = in_process(["export", "bert", "--to", "onnx", "--atol", "0", "--rtol", "0", "--out", str(tmp_path)], capfd)
     assert result.returncode == 1, result.stderr
     assert any(line.split()[:3] == ["onnx", "model", "FAIL"] for line in result.stdout.splitlines())
     assert "1 check(s) failed: onnx model" in result.stdout
@@ -167,8 +182,8 @@ def test_a_failed_check_exits_1_and_the_table_says_fail(tmp_path):
     assert upstream_noise(result.stderr) == []
 
 
-def test_zoo_lists_the_builtin_models():
-    result = hfx_cli("zoo")
+def test_zoo_lists_the_builtin_models(capfd):
+    result = in_process(["zoo"], capfd)
     assert result.returncode == 0
     rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[2:]}
     assert rows.keys() == set(zoo.ENTRIES)
