@@ -413,10 +413,10 @@ def _batched_in_eval(forward: Any) -> Any:
     return batched
 
 
-def _selects_row_by_row(forward: Any) -> bool:
-    """Whether ``forward``'s source loops over the batch (``for i in range(batch_size)``)."""
+def _source_contains(function: Any, text: str) -> bool:
+    """Whether ``function``'s source holds ``text`` (False where the source cannot be read)."""
     try:
-        return "range(batch_size)" in inspect.getsource(forward)
+        return text in inspect.getsource(function)
     except (OSError, TypeError):
         return False
 
@@ -438,10 +438,53 @@ def patch_axial_positions(model: torch.nn.Module) -> Iterator[None]:
         model: the model to export; only the axial-position classes it uses are patched.
     """
     classes = {type(m) for m in model.modules() if type(m).__name__ == "AxialPositionEmbeddings"
-               and hasattr(m, "axial_pos_shape") and _selects_row_by_row(type(m).forward)}
+               and hasattr(m, "axial_pos_shape") and _source_contains(type(m).forward, "range(batch_size)")}
     with contextlib.ExitStack() as stack:
         for owner in classes:
             stack.enter_context(swap_attr(owner, "forward", _batched_in_eval(owner.forward)))
+        yield
+
+
+def arange_padding_mask(
+    self: torch.nn.Module, input_ids: torch.Tensor, span: torch.Tensor, context: torch.Tensor, length: torch.Tensor
+) -> torch.Tensor:
+    """CPM-Ant's ``CpmAntModel._prepare_attention_mask``, its left-padding mask from ``torch.arange``.
+
+    The values of transformers' method: a token attends to the context and to earlier tokens of
+    its own span, and no row attends to or from its left padding (the positions past ``length``,
+    counted from the right after the model's prompt tokens). transformers counts them with
+    ``torch.tensor(list(range(n))[::-1])``, ``torch.arange(n - 1, -1, -1)`` here.
+    """
+    batch, sequence = input_ids.shape
+    device = input_ids.device
+    causal = torch.arange(sequence, device=device) <= torch.arange(sequence, device=device).view(-1, 1)
+    mask = context[:, None, :] | (context[:, :, None].logical_not() & causal.view(1, sequence, sequence))
+    mask = mask & (span[:, None, :] == span[:, :, None])
+    from_the_right = torch.arange(sequence - self.prompt_length - 1, -1, -1, device=device)[None, :].repeat(batch, 1)
+    kept = torch.cat((torch.ones(batch, self.prompt_length, device=device).bool(), from_the_right < length[:, None]), dim=1)
+    return kept.view(batch, sequence, 1) & kept.view(batch, 1, sequence) & mask
+
+
+@contextlib.contextmanager
+def patch_padding_mask_from_a_python_range(model: torch.nn.Module) -> Iterator[None]:
+    """Keep CPM-Ant's sequence dynamic: its padding mask counted with ``torch.arange``.
+
+    Model pattern: a tensor built from a Python list of the sequence length,
+    ``torch.tensor(list(range(seqlen - self.prompt_length))[::-1])`` (CPM-Ant's
+    ``_prepare_attention_mask``, transformers 5.22-5.24): ``range`` of a symbolic size
+    specialises it, so a program captured at one length refuses every other. The patch
+    swaps the method for ``arange_padding_mask`` (same values) on the classes whose
+    method still holds that list; a no-op for any other model. Delete when transformers
+    builds the mask with ``torch.arange``.
+
+    Args:
+        model: the model to export; only the classes it uses are patched.
+    """
+    classes = {type(m) for m in model.modules() if callable(vars(type(m)).get("_prepare_attention_mask"))
+               and _source_contains(type(m)._prepare_attention_mask, "list(range(seqlen - self.prompt_length))")}
+    with contextlib.ExitStack() as stack:
+        for owner in classes:
+            stack.enter_context(swap_attr(owner, "_prepare_attention_mask", arange_padding_mask))
         yield
 
 
@@ -453,12 +496,14 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
 
     Returns:
         ``patch_position_interpolation``, ``patch_latent_attention_keys``, ``patch_complex_rotary``,
-        ``patch_real_fourier_mixing``, ``patch_funnel_positions`` and ``patch_axial_positions`` bound to ``model``.
+        ``patch_real_fourier_mixing``, ``patch_funnel_positions``, ``patch_axial_positions`` and
+        ``patch_padding_mask_from_a_python_range`` bound to ``model``.
 
     Example:
         >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))][3:]
-        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions']
+        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range']
     """
     return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys,
                                                                patch_complex_rotary, patch_real_fourier_mixing,
-                                                               patch_funnel_positions, patch_axial_positions))
+                                                               patch_funnel_positions, patch_axial_positions,
+                                                               patch_padding_mask_from_a_python_range))

@@ -17,10 +17,12 @@ from hfx.patches import (
     patch_complex_rotary,
     patch_funnel_positions,
     patch_latent_attention_keys,
+    patch_padding_mask_from_a_python_range,
     patch_position_interpolation,
     patch_real_fourier_mixing,
 )
 from hfx.patches._arch import (
+    arange_padding_mask,
     batched_axial_positions,
     concatenated_expand_kv,
     gathered_relative_shift,
@@ -68,7 +70,8 @@ def test_dinov2_exports_with_dynamic_image_size_and_matches_eager_at_a_new_size(
 def test_arch_patches_are_bound_to_the_model(dinov2):
     patches = arch_patches(dinov2)
     assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary,
-                                         patch_real_fourier_mixing, patch_funnel_positions, patch_axial_positions]
+                                         patch_real_fourier_mixing, patch_funnel_positions, patch_axial_positions,
+                                         patch_padding_mask_from_a_python_range]
     assert all(p.args == (dinov2,) for p in patches)
 
 
@@ -328,3 +331,42 @@ def test_without_the_axial_patch_reformer_still_exports_a_static_batch(models):
     others = tuple(p for p in hfx.patches.default_patches(model) if getattr(p, "func", None) is not patch_axial_positions)
     exported = hfx.export(hfx.capture(zoo.forward_inputs(REFORMER, batch=2, sequence=7), model), patches=others)
     assert exported.io.inputs[0].shape[0] == 2
+
+
+# patch_padding_mask_from_a_python_range
+
+CPMANT = "causal-lm:cpmant"
+
+
+def test_cpmant_with_the_arange_padding_mask_gives_eager_logits_bitwise_and_is_restored(models):
+    from transformers.models.cpmant import modeling_cpmant
+
+    model = models(CPMANT)
+    original = vars(modeling_cpmant.CpmAntModel)["_prepare_attention_mask"]
+    for batch, sequence in ((2, 5), (3, 11)):
+        inputs = zoo.forward_inputs(CPMANT, batch=batch, sequence=sequence)
+        with torch.no_grad():
+            want = model(**inputs).logits
+            with patch_padding_mask_from_a_python_range(model):
+                assert vars(modeling_cpmant.CpmAntModel)["_prepare_attention_mask"] is arange_padding_mask
+                got = model(**inputs).logits
+        assert torch.equal(got, want)
+    assert vars(modeling_cpmant.CpmAntModel)["_prepare_attention_mask"] is original
+
+
+def test_cpmant_exports_with_a_dynamic_sequence_and_matches_eager(models):
+    model = models(CPMANT)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(CPMANT, batch=2, sequence=7), model))
+    assert exported.io.inputs[0].shape == ("batch", "sequence")
+    for batch, sequence in ((3, 11), (1, 4)):
+        report = hfx.verify(model, zoo.forward_inputs(CPMANT, batch=batch, sequence=sequence), exported)
+        assert report.passed, str(report)
+
+
+def test_without_the_padding_mask_patch_cpmant_exports_a_static_sequence(models):
+    """Canary: when this fails, transformers builds the mask without a Python range and the patch can go."""
+    model = models(CPMANT)
+    others = tuple(p for p in hfx.patches.default_patches(model)
+                   if getattr(p, "func", None) is not patch_padding_mask_from_a_python_range)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(CPMANT, batch=2, sequence=7), model), patches=others)
+    assert exported.io.inputs[0].shape[1] == 7
