@@ -290,19 +290,26 @@ def test_funnel_exports_with_a_dynamic_sequence():
 REFORMER = "masked-lm:reformer"
 
 
+def _bitwise_and_restored(model: torch.nn.Module, name: str, patch, owner: type, attribute: str) -> None:
+    """``patch(model)`` gives the eager logits bitwise at two shapes and puts ``owner.attribute`` back after."""
+    original = vars(owner)[attribute]
+    for batch, sequence in ((2, 5), (3, 11)):
+        inputs = zoo.forward_inputs(name, batch=batch, sequence=sequence)
+        with torch.no_grad():
+            want = model(**inputs).logits
+            with patch(model):
+                assert vars(owner)[attribute] is not original
+                got = model(**inputs).logits
+        assert torch.equal(got, want)
+    assert vars(owner)[attribute] is original
+
+
 def test_reformer_with_batched_axial_positions_gives_eager_logits_bitwise_and_is_restored(models):
     from transformers.models.reformer import modeling_reformer
 
-    model = models(REFORMER)
-    original = vars(modeling_reformer.AxialPositionEmbeddings)["forward"]
-    for batch, sequence in ((2, 5), (3, 11)):
-        inputs = zoo.forward_inputs(REFORMER, batch=batch, sequence=sequence)
-        with torch.no_grad():
-            want = model(**inputs).logits
-            with patch_axial_positions(model):
-                got = model(**inputs).logits
-        assert torch.equal(got, want)  # the same rows of the same grid
-    assert vars(modeling_reformer.AxialPositionEmbeddings)["forward"] is original
+    # The same rows of the same grid.
+    _bitwise_and_restored(models(REFORMER), REFORMER, patch_axial_positions, modeling_reformer.AxialPositionEmbeddings,
+                          "forward")
 
 
 def test_batched_axial_positions_read_each_rows_ids_and_refuse_a_sequence_past_the_grid(models):
@@ -341,17 +348,10 @@ CPMANT = "causal-lm:cpmant"
 def test_cpmant_with_the_arange_padding_mask_gives_eager_logits_bitwise_and_is_restored(models):
     from transformers.models.cpmant import modeling_cpmant
 
-    model = models(CPMANT)
-    original = vars(modeling_cpmant.CpmAntModel)["_prepare_attention_mask"]
-    for batch, sequence in ((2, 5), (3, 11)):
-        inputs = zoo.forward_inputs(CPMANT, batch=batch, sequence=sequence)
-        with torch.no_grad():
-            want = model(**inputs).logits
-            with patch_padding_mask_from_a_python_range(model):
-                assert vars(modeling_cpmant.CpmAntModel)["_prepare_attention_mask"] is arange_padding_mask
-                got = model(**inputs).logits
-        assert torch.equal(got, want)
-    assert vars(modeling_cpmant.CpmAntModel)["_prepare_attention_mask"] is original
+    _bitwise_and_restored(models(CPMANT), CPMANT, patch_padding_mask_from_a_python_range, modeling_cpmant.CpmAntModel,
+                          "_prepare_attention_mask")
+    with torch.no_grad(), patch_padding_mask_from_a_python_range(models(CPMANT)):
+        assert vars(modeling_cpmant.CpmAntModel)["_prepare_attention_mask"] is arange_padding_mask
 
 
 def test_cpmant_exports_with_a_dynamic_sequence_and_matches_eager(models):
