@@ -391,7 +391,9 @@ def _placeholders(module: Any) -> list[Any]:
 
 
 def _decompositions() -> Any:
-    """torch's default decompositions minus the ops OpenVINO converts whole, as ``convert_model`` builds them.
+    """torch's default decompositions minus the ops OpenVINO converts whole, as ``convert_model`` builds them,
+    plus hfx's decompositions of the core ops its frontend cannot convert (``scatter_reduce.two``,
+    ``hfx.backends._decompositions.openvino_decompositions``).
 
     ``convert_model(ExportedProgram)`` builds the same table in
     ``TorchFXPythonDecoder.from_exported_program`` (openvino 2026.4), but it logs a
@@ -400,9 +402,12 @@ def _decompositions() -> Any:
     """
     from openvino.frontend.pytorch.torchdynamo.export_decompositions import ops_to_not_decompose
 
+    from hfx.backends._decompositions import openvino_decompositions
+
     table = torch.export.default_decompositions()
     for op in ops_to_not_decompose():
         table.pop(op, None)
+    table.update(openvino_decompositions())
     return table
 
 

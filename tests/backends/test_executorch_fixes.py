@@ -18,6 +18,7 @@ import hfx  # noqa: E402
 from hfx._verify import verify  # noqa: E402
 from hfx.backends import PTE_PATCHES  # noqa: E402
 from hfx.backends import _executorch_fixes as fixes  # noqa: E402
+from hfx.backends._decompositions import dense_scatter_reduce  # noqa: E402
 from hfx.backends._executorch import DEFAULT_MAX_SIZES, PteProgram, lower_to_pte  # noqa: E402
 from hfx.backends._executorch_fixes import (  # noqa: E402
     exact_upper_bound,
@@ -234,6 +235,7 @@ def test_the_decomposition_patch_adds_torchs_decomposition_to_each_table():
     with patch_edge_decomposition_table():
         table = _program._default_decomposition_table()
         assert table[bucketize] is decomposition_table[bucketize]
+        assert table[torch.ops.aten.scatter_reduce.two] is dense_scatter_reduce  # no kernel: hfx's decomposition
         assert torch.ops.aten.linalg_vector_norm.default in table  # ExecuTorch's own entries are kept
 
 
@@ -245,6 +247,7 @@ def test_the_decomposition_patch_steps_aside_when_the_table_has_the_ops(monkeypa
     def fixed(*args, **kwargs):
         table = original(*args, **kwargs)
         table[torch.ops.aten.bucketize.Tensor] = lambda *a, **k: None
+        table[torch.ops.aten.scatter_reduce.two] = lambda *a, **k: None
         return table
 
     monkeypatch.setattr(_program, "_default_decomposition_table", fixed)

@@ -1,0 +1,72 @@
+"""hfx's decompositions of core ops a runtime lacks: ``dense_scatter_reduce`` equals the op, and the runtimes
+without it (OpenVINO's frontend, ExecuTorch's kernels) lower a segment reduction as TAPAS writes it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import hfx
+from hfx.backends import _decompositions
+from hfx.backends._decompositions import dense_scatter_reduce
+
+# (self shape, dim, index length along dim)
+_CASES = [((5,), 0, 7), ((3, 6), 1, 4), ((6, 3), 0, 9), ((2, 3, 5), 1, 2), ((2, 3, 5), -1, 8)]
+
+
+@pytest.mark.parametrize(("reduce", "include_self"), itertools.product(["sum", "mean", "prod", "amax", "amin"], [True, False]))
+def test_dense_scatter_reduce_equals_the_op(reduce, include_self):
+    generator = torch.Generator().manual_seed(0)
+    for shape, dim, length in _CASES:
+        out = torch.randn(shape, generator=generator)
+        index_shape = list(shape)
+        index_shape[dim] = length
+        index = torch.randint(0, shape[dim], index_shape, generator=generator)  # some positions named twice, some never
+        src = torch.randn(index_shape, generator=generator)
+        want = out.scatter_reduce(dim, index, src, reduce, include_self=include_self)
+        # float32 sums and products over at most 9 terms of unit scale: a few ulps apart from the op's order.
+        torch.testing.assert_close(dense_scatter_reduce(out, dim, index, src, reduce, include_self=include_self), want,
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_dense_scatter_reduce_leaves_what_it_does_not_cover_to_the_op():
+    ints = torch.zeros(3, dtype=torch.long)
+    assert dense_scatter_reduce(ints, 0, torch.tensor([0]), torch.tensor([1]), "sum") is NotImplemented
+    narrower = torch.zeros(3, 4)  # an index narrower than self in a dim other than dim
+    assert dense_scatter_reduce(narrower, 0, torch.zeros(2, 2, dtype=torch.long), torch.ones(2, 2), "sum") is NotImplemented
+
+
+class SegmentMin(torch.nn.Module):
+    """The first position of each segment, as TAPAS's ``reduce_min`` of its position ids per table cell
+    (``scatter_reduce`` with ``include_self=False``); a segment no token is in keeps 0."""
+
+    def forward(self, position_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(8)
+        return out.scatter_reduce(0, token_type_ids.reshape(-1), position_ids.reshape(-1).float(), reduce="amin",
+                                  include_self=False)
+
+
+def _inputs(batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(batch * 100 + sequence)
+    return {"position_ids": torch.randint(0, 50, (batch, sequence), generator=generator),
+            "token_type_ids": torch.randint(0, 8, (batch, sequence), generator=generator)}
+
+
+@pytest.mark.parametrize(("runtime", "package"), [("lower_to_ov", "openvino"), ("lower_to_pte", "executorch")])
+def test_a_segment_reduction_lowers_and_matches_eager_at_new_shapes(runtime, package):
+    pytest.importorskip(package)
+    model = SegmentMin()
+    program = getattr(hfx, runtime)(hfx.export(hfx.capture(_inputs(2, 6), model)))
+    for batch, sequence in ((3, 11), (1, 4)):
+        assert hfx.verify(model, _inputs(batch, sequence), program).passed
+
+
+def test_the_runtimes_still_lack_the_op():
+    """Canary: when one fails, that runtime converts or runs ``scatter_reduce.two`` and its entry steps aside."""
+    op = torch.ops.aten.scatter_reduce.two
+    if pytest.importorskip("openvino"):
+        assert op in _decompositions.openvino_decompositions()
+    if pytest.importorskip("executorch"):
+        assert op in _decompositions.executorch_decompositions()
