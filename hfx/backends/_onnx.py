@@ -48,6 +48,7 @@ from hfx.backends._common import (
 from hfx.backends._onnx_fixes import ONNX_FIXES, OnnxFix
 from hfx.backends._onnx_fusions import ORT_FUSIONS, OnnxFusion
 from hfx._serial import one_at_a_time
+from hfx.backends._onnx_translations import onnx_translations
 
 RUNTIME = "onnx"
 
@@ -330,6 +331,7 @@ def _to_onnx(exported: Exported, *, opset: int, optimize: bool, fixes: tuple[Onn
             verbose=False,
             input_names=list(exported.io.input_names),
             output_names=list(exported.io.output_names),
+            custom_translation_table=onnx_translations() or None,  # ops torchlib lacks (erfinv)
         )
         onnx_program.rename_axes(_dim_names(onnx_program.model.graph.inputs, exported.io))
         _name_output_dims(onnx_program.model, exported.io)
