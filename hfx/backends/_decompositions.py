@@ -1,4 +1,4 @@
-"""Decompositions hfx gives runtimes that have no kernel or conversion rule for a core ATen op.
+"""Decompositions hfx gives runtimes that have no kernel or conversion rule for an ATen op.
 
 ``dense_scatter_reduce``: ``aten.scatter_reduce.two`` as a masked reduction over a
 one-hot comparison of the index with the output positions. TAPAS reduces its
@@ -13,11 +13,20 @@ alone (``openvino_decompositions``, probed once per process), ``lower_to_pte`` t
 ExecuTorch's while its runtime registers no kernel for it
 (``executorch_decompositions``, ``patch_edge_decomposition_table``). Each steps
 aside by itself when the runtime gains the op; delete the module then.
+
+``polynomial_erfinv``: ``aten.erfinv``, which is not core ATen, has no ExecuTorch
+kernel ("Operator torch._ops.aten.erfinv.default is not in Core ATen opset").
+Gemma 3n's MLP computes the threshold of its activation sparsity with
+``torch.distributions.Normal(0, 1).icdf(...)`` (``Gemma3nTextMLP._gaussian_topk``,
+transformers 5.22-5.24), which is ``erfinv``, inside the graph. ``giles_erfinv``
+computes it with two polynomials; ONNX's translation of the op
+(``hfx.backends._onnx_translations``) is the same function over ONNX ops.
 """
 
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any
 
 import torch
@@ -72,10 +81,64 @@ def dense_scatter_reduce(
     return torch.where(named, reduced, base).movedim(-1, dim)
 
 
-# The decompositions of core ATen ops that OpenVINO's frontend and ExecuTorch's kernels lack (module docstring).
-DENSE_DECOMPOSITIONS = {torch.ops.aten.scatter_reduce.two: dense_scatter_reduce}
+# The coefficients of Giles' single-precision erfinv, highest degree first: for w < 5 in (w - 2.5), else in
+# (sqrt(w) - 3).
+_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
+            -0.00417768164, 0.246640727, 1.50140941)
+_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
+         0.00943887047, 1.00167406, 2.83297682)
+
+
+def giles_erfinv(x: Any, ops: Any) -> Any:
+    """``erfinv(x)`` by Giles' single-precision approximation, written with the functions of ``ops``.
+
+    M. Giles, "Approximating the erfinv function" (GPU Computing Gems, 2010): two
+    polynomials in ``w = -log(1 - x^2)``, within 3.7e-7 relative of the exact value;
+    ``+-inf`` at ``+-1`` and NaN outside ``[-1, 1]``, as ``torch.erfinv`` gives. ``ops``
+    has ``add, mul, sub, neg, log, sqrt, abs, less, equal, where`` and ``const(value, like)``:
+    torch's (``TORCH_OPS``) for a decomposition, ONNX's for a translation.
+
+    Example:
+        >>> x = torch.tensor([-0.5, 0.0, 0.9, 1.0])
+        >>> torch.testing.assert_close(giles_erfinv(x, TORCH_OPS), torch.erfinv(x), rtol=1e-6, atol=1e-7)
+    """
+    one = ops.const(1.0, x)
+    w = ops.neg(ops.log(ops.mul(ops.sub(one, x), ops.add(one, x))))
+    central = _polynomial(ops, ops.sub(w, ops.const(2.5, x)), _CENTRAL)
+    tail = _polynomial(ops, ops.sub(ops.sqrt(w), ops.const(3.0, x)), _TAIL)
+    inside = ops.mul(ops.where(ops.less(w, ops.const(5.0, x)), central, tail), x)
+    return ops.where(ops.equal(ops.abs(x), one), ops.mul(x, ops.const(float("inf"), x)), inside)
+
+
+def _polynomial(ops: Any, w: Any, coefficients: tuple[float, ...]) -> Any:
+    """``coefficients`` evaluated at ``w`` by Horner's rule."""
+    result = ops.const(coefficients[0], w)
+    for coefficient in coefficients[1:]:
+        result = ops.add(ops.mul(result, w), ops.const(coefficient, w))
+    return result
+
+
+def _torch_const(value: float, like: torch.Tensor) -> torch.Tensor:
+    return torch.full((), value, dtype=like.dtype, device=like.device)
+
+
+# torch's functions under the names ``giles_erfinv`` calls.
+TORCH_OPS = types.SimpleNamespace(add=torch.add, mul=torch.mul, sub=torch.sub, neg=torch.neg, log=torch.log,
+                                  sqrt=torch.sqrt, abs=torch.abs, less=torch.lt, equal=torch.eq, where=torch.where,
+                                  const=_torch_const)
+
+
+def polynomial_erfinv(self: torch.Tensor) -> Any:
+    """``aten.erfinv`` as ``giles_erfinv`` in core ATen ops (floating tensors; ``NotImplemented`` otherwise)."""
+    return giles_erfinv(self, TORCH_OPS) if self.is_floating_point() else NotImplemented
+
+
+# The decompositions of the ATen ops that OpenVINO's frontend or ExecuTorch's kernels lack (module docstring).
+DENSE_DECOMPOSITIONS = {torch.ops.aten.scatter_reduce.two: dense_scatter_reduce,
+                        torch.ops.aten.erfinv.default: polynomial_erfinv}
 # op -> the name of the ExecuTorch kernel that would run it.
-_EXECUTORCH_KERNELS = {torch.ops.aten.scatter_reduce.two: "aten::scatter_reduce.two_out"}
+_EXECUTORCH_KERNELS = {torch.ops.aten.scatter_reduce.two: "aten::scatter_reduce.two_out",
+                       torch.ops.aten.erfinv.default: "aten::erfinv.out"}
 
 
 def executorch_decompositions() -> dict[Any, Any]:
@@ -87,7 +150,8 @@ def executorch_decompositions() -> dict[Any, Any]:
 
 
 def openvino_decompositions() -> dict[Any, Any]:
-    """The entries of ``DENSE_DECOMPOSITIONS`` whose op OpenVINO's PyTorch frontend cannot convert (probed once)."""
+    """The entries of ``DENSE_DECOMPOSITIONS`` whose op OpenVINO's PyTorch frontend cannot convert (probed once;
+    it converts ``erfinv``)."""
     return {op: DENSE_DECOMPOSITIONS[op] for op in _openvino_unconvertible()}
 
 

@@ -1,5 +1,6 @@
-"""hfx's decompositions of core ops a runtime lacks: ``dense_scatter_reduce`` equals the op, and the runtimes
-without it (OpenVINO's frontend, ExecuTorch's kernels) lower a segment reduction as TAPAS writes it."""
+"""hfx's decompositions of ops a runtime lacks: ``dense_scatter_reduce`` equals the op, and the runtimes without it
+(OpenVINO's frontend, ExecuTorch's kernels) lower a segment reduction as TAPAS writes it; ExecuTorch lowers
+``erfinv`` (Gemma 3n) as ``giles_erfinv``."""
 
 from __future__ import annotations
 
@@ -70,3 +71,22 @@ def test_the_runtimes_still_lack_the_op():
         assert op in _decompositions.openvino_decompositions()
     if pytest.importorskip("executorch"):
         assert op in _decompositions.executorch_decompositions()
+        assert torch.ops.aten.erfinv.default in _decompositions.executorch_decompositions()
+
+
+class Threshold(torch.nn.Module):
+    """``erfinv`` of the inputs, as Gemma 3n's ``Normal(0, 1).icdf`` computes its sparsity threshold."""
+
+    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
+        return 1.4142135 * torch.erfinv(2 * input_values - 1)
+
+
+def test_erfinv_lowers_to_executorch_and_matches_eager_at_new_shapes():
+    pytest.importorskip("executorch")
+    inputs = {"input_values": torch.rand(2, 16, generator=torch.Generator().manual_seed(0))}
+    program = hfx.lower_to_pte(hfx.export(hfx.capture(inputs, Threshold())))
+    inside = torch.linspace(1e-6, 1 - 1e-6, 500)[None].expand(3, -1).contiguous()  # another batch and length
+    # Giles' approximation: within 3.7e-7 relative of the exact value, torch's float32 erfinv a few ulps from it.
+    torch.testing.assert_close(program(input_values=inside), Threshold()(inside), rtol=1e-6, atol=1.2e-7)
+    ends = program(input_values=torch.tensor([[0.0, 1.0, -0.5, 1.5]]))
+    assert ends[0, 0] == -torch.inf and ends[0, 1] == torch.inf and ends[0, 2:].isnan().all()  # as torch.erfinv
