@@ -158,7 +158,7 @@ def write_ort_genai(programs: Components, staging: Path, *, tokenizer: Any) -> N
 
     def lower(record: Any) -> OnnxProgram:
         _model_config(programs.meta)  # refuse a model genai cannot take before the slow lowering
-        # renamed after the lowering, which is the same as any other of this record's: model.onnx, as genai's builder names it
+        # Named model.onnx as genai's builder names it, after the lowering: the record's other lowerings are the same one.
         return attrs.evolve(lower_to_onnx(record), name="model")
 
     decode = decode_component(programs, consumer=CONSUMER, pipeline="onnxruntime_genai.Model", fed=_FED_INPUTS,

@@ -31,13 +31,14 @@ from typing import Any
 
 import torch
 
-# reduce -> (identity of the reduction over the masked-out entries, the reduction over the last axis)
+# reduce -> (identity of the reduction over the masked-out entries, the reduction over the last axis, how the
+# result combines with self's value under include_self; mean then divides by the count)
 _REDUCTIONS = {
-    "sum": (0.0, lambda values: values.sum(-1)),
-    "mean": (0.0, lambda values: values.sum(-1)),
-    "prod": (1.0, lambda values: values.prod(-1)),
-    "amax": (-float("inf"), lambda values: values.amax(-1)),
-    "amin": (float("inf"), lambda values: values.amin(-1)),
+    "sum": (0.0, lambda values: values.sum(-1), torch.add),
+    "mean": (0.0, lambda values: values.sum(-1), torch.add),
+    "prod": (1.0, lambda values: values.prod(-1), torch.mul),
+    "amax": (-float("inf"), lambda values: values.amax(-1), torch.maximum),
+    "amin": (float("inf"), lambda values: values.amin(-1), torch.minimum),
 }
 
 
@@ -65,7 +66,7 @@ def dense_scatter_reduce(
     if (reduce not in _REDUCTIONS or not self.is_floating_point() or self.ndim == 0 or index.ndim != self.ndim
             or src.shape != index.shape or not same_elsewhere):
         return NotImplemented
-    identity, reduction = _REDUCTIONS[reduce]
+    identity, reduction, combine = _REDUCTIONS[reduce]
     base = self.movedim(dim, -1)  # [..., out]
     positions = torch.arange(base.shape[-1], device=self.device)
     mask = index.movedim(dim, -1).unsqueeze(-2) == positions.unsqueeze(-1)  # [..., out, in]
@@ -73,11 +74,11 @@ def dense_scatter_reduce(
     reduced = reduction(torch.where(mask, values, torch.full_like(values, identity)))
     counts = mask.sum(-1)
     named = counts > 0
+    if include_self:
+        reduced = combine(base, reduced)
     if reduce == "mean":
         total = counts + 1 if include_self else counts
-        reduced = (reduced + base if include_self else reduced) / total.clamp(min=1).to(self.dtype)
-    elif include_self:
-        reduced = {"sum": torch.add, "prod": torch.mul, "amax": torch.maximum, "amin": torch.minimum}[reduce](base, reduced)
+        reduced = reduced / total.clamp(min=1).to(self.dtype)
     return torch.where(named, reduced, base).movedim(-1, dim)
 
 

@@ -133,8 +133,8 @@ def _adding(original: Callable[..., Any], decompositions: Mapping[Any, Callable[
 
 @contextlib.contextmanager
 def patch_edge_decomposition_table() -> Iterator[None]:
-    """Let ExecuTorch decompose the ops of ``EDGE_DECOMPOSED_OPS`` with torch's own decompositions, and the core
-    ops without an ExecuTorch kernel (``scatter_reduce.two``: ``hfx.backends._decompositions``) with hfx's.
+    """Let ExecuTorch decompose the ops of ``EDGE_DECOMPOSED_OPS`` with torch's own decompositions, and the ops
+    without an ExecuTorch kernel (``scatter_reduce.two``, ``erfinv``: ``hfx.backends._decompositions``) with hfx's.
 
     executorch 1.5.1's edge verifier accepts core ATen ops only, and
     ``to_edge_transform_and_lower`` decomposes with the table
@@ -145,7 +145,7 @@ def patch_edge_decomposition_table() -> Iterator[None]:
     in Core ATen opset". This adds torch's decomposition of each such op that
     ExecuTorch's table lacks to every table ExecuTorch builds while the block
     runs (a graph without them is decomposed as before), and steps aside when
-    the table has them all. Delete when ExecuTorch decomposes or runs ``bucketize`` and ``scatter_reduce``.
+    the table has them all. Delete when ExecuTorch decomposes or runs ``bucketize``, ``scatter_reduce`` and ``erfinv``.
 
     Example:
         >>> from executorch.exir.program import _program
