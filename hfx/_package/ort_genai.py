@@ -8,8 +8,8 @@ for the prompt and every step, feeding ``input_ids``, ``attention_mask``,
 names as they are: the name templates (``past_key_values.layers.%d.keys`` ...)
 are the config's own, as its builder writes them for ``past_key_values.%d.key``
 (onnxruntime_genai ``models/builders/base.py``, ``make_genai_config``). The cache
-grows each step (``past_present_share_buffer`` false: the graph has no
-GroupQueryAttention to write into a shared buffer). ``onnxruntime_genai.Tokenizer``
+grows each step (``past_present_share_buffer`` false: the graph's GroupQueryAttention takes
+the cache as its past and returns the grown cache, as every row's length is the mask's). ``onnxruntime_genai.Tokenizer``
 reads ``tokenizer.json`` and ``tokenizer_config.json``.
 """
 

@@ -4,7 +4,7 @@ Per runtime, ``_<runtime>.py`` holds the lowering and ``_<runtime>_fixes.py`` th
 workarounds of that runtime's bugs, as one tuple each lowering takes as an option
 (default shown): ``lower_to_pte(patches=PTE_PATCHES)``, ``lower_to_onnx(fixes=ONNX_FIXES)``,
 ``lower_to_ov(graph_fixes=OV_GRAPH_FIXES)``. ``_onnx_fusions.py`` holds the rewrites to ONNX
-Runtime's fused operators, ``lower_to_onnx(fusions=ORT_FUSIONS)`` (``ORT_ATTENTION_FUSIONS`` adds
+Runtime's fused operators, ``lower_to_onnx(fusions=ORT_FUSIONS)`` (the norms, the rotary and
 ``GroupQueryAttention`` / ``MultiHeadAttention``), ``_executorch_rewrites.py`` the edge-graph rewrites that let
 XNNPACK take more of a graph, ``lower_to_pte(rewrites=XNNPACK_REWRITES)``. Read, extend or replace them.
 """

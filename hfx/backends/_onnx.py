@@ -227,7 +227,7 @@ def lower_to_onnx(
     records their names in ``fixes``. ``fusions`` then rewrite the graph to ONNX
     Runtime's fused operators where their patterns match (decoder LLMs:
     ``GroupQueryAttention``, ``RotaryEmbedding``, ``SkipSimplifiedLayerNormalization``;
-    ``hfx.backends.ORT_FUSIONS``), keeping the graph's inputs and outputs; the program
+    other attention: ``MultiHeadAttention``; ``hfx.backends.ORT_FUSIONS``), keeping the graph's inputs and outputs; the program
     records how many each made in ``fusions``. The ``Exported`` is not changed; lower it
     again, or to another runtime, at will. ``torch.onnx``'s progress messages, log
     records and warnings are kept for the error message and never reach the console.

@@ -1,14 +1,14 @@
 """ONNX Runtime's fused operators in hfx's ONNX graphs: the fusions ``lower_to_onnx`` runs (``ORT_FUSIONS``).
 
-``ORT_ATTENTION_FUSIONS`` adds the attention fusion (opt-in: see its comment for the
-time it takes on big graphs). A fusion (``OnnxFusion``) rewrites an ``onnx_ir.Model`` in place and returns how
+A fusion (``OnnxFusion``) rewrites an ``onnx_ir.Model`` in place and returns how
 many places it rewrote; ``lower_to_onnx(fusions=...)`` runs them in order after the
 fixes and records the counts of those that fired in ``OnnxProgram.fusions``. A graph
 without the pattern (an encoder, a vision tower) is left as it is, so the defaults
 apply wherever they match: decoder LLMs get ``SimplifiedLayerNormalization``,
-``SkipSimplifiedLayerNormalization``, ``RotaryEmbedding`` and, with
-``ORT_ATTENTION_FUSIONS``, ``GroupQueryAttention``, other attentions ``MultiHeadAttention`` (all in ONNX Runtime's ``com.microsoft``
-domain, so the fused graph runs on ONNX Runtime only).
+``SkipSimplifiedLayerNormalization``, ``RotaryEmbedding`` and ``GroupQueryAttention``,
+other attentions (encoders, cross-attention) ``MultiHeadAttention`` (all in ONNX Runtime's
+``com.microsoft`` domain, so the fused graph runs on ONNX Runtime only; ``fusions=()`` keeps
+standard ONNX).
 
 The normalization, rotary and attention patterns are onnxscript's ORT fusion rules
 (``onnxscript.rewriter.ort_fusions``). Two steps are hfx's own, because hfx's graphs
@@ -80,19 +80,49 @@ def rotary_embedding(model: Any, /) -> int:
 
 def attention(model: Any, /) -> int:
     """``GroupQueryAttention`` for rotary, the cache concatenation, the head repeat and SDPA (see the module);
-    ``MultiHeadAttention`` for the other scaled dot-product attentions (onnxscript's rules)."""
+    ``MultiHeadAttention`` for the other scaled dot-product attentions (onnxscript's rules); standard ops again
+    for an attention neither fits (``_standard_attention``)."""
     from onnxscript.rewriter.ort_fusions.sdpa import fuse_sdpa
     from onnxscript.rewriter.ort_fusions.sdpa_via_mha import replace_sdpa_by_mha
 
     if not fuse_sdpa(model):
         return 0
     _shape_inference(model)
-    count = _gqa().apply_to_model(model) + replace_sdpa_by_mha(model)
-    left = [node.name for node in model.graph.all_nodes() if node.domain == _FUSION and node.op_type == "SDPA"]
-    if left:
-        msg = f"no fused attention operator fits the attention of {left} (heads unknown?)"
-        raise ValueError(msg)
+    presents: list[tuple[Any, Any]] = []
+    count = _gqa(presents).apply_to_model(model)
+    _presents_from_gqa(presents)
+    count += replace_sdpa_by_mha(model)
+    _standard_attention().apply_to_model(model)
     return count
+
+
+def _standard_attention() -> Any:
+    """The rule from onnxscript's intermediate ``SDPA`` back to standard ops, for an attention no fused operator
+    takes (heads or sizes that shape inference left unknown): ``softmax(q k^T * scale + mask) v``, fully
+    masked rows zero, as torch's SDPA gives them."""
+    from onnxscript.rewriter import pattern
+
+    class StandardAttention(pattern.RewriteRuleClassBase):
+        def pattern(self, op: Any, query: Any, key: Any, value: Any) -> Any:
+            return op.SDPA(query, key, value, _allow_other_inputs=True, _domain=_FUSION, _outputs=["sdpa"])
+
+        def rewrite(self, op: Any, query: Any, key: Any, value: Any, sdpa: Any) -> Any:
+            node = sdpa.producer()
+            key_format = node.attributes["key_format"].value
+            keys = op.Transpose(key, perm=[0, 1, 3, 2] if key_format == "BHSd" else [0, 2, 3, 1])
+            scale = node.attributes.get("scale")
+            if scale is None or scale.value is None:  # 1 / sqrt(head size)
+                scale = op.Reciprocal(op.Sqrt(op.CastLike(op.Shape(query, start=-1), query)))
+            else:
+                scale = op.CastLike(op.Constant(value_float=scale.value), query)
+            scores = op.MatMul(op.Mul(query, scale), keys)
+            if len(node.inputs) > 3 and node.inputs[3] is not None:
+                scores = op.Add(scores, node.inputs[3])
+            weights = op.Softmax(scores, axis=-1)
+            weights = op.Where(op.IsNaN(weights), op.CastLike(op.Constant(value_float=0.0), weights), weights)
+            return op.MatMul(weights, value)
+
+    return pattern.RewriteRuleSet([StandardAttention.rule()])
 
 
 def _rotary_tables() -> Any:
@@ -128,13 +158,21 @@ def _rotary_tables() -> Any:
     return pattern.RewriteRuleSet([RotaryTables.rule()])
 
 
-def _gqa() -> Any:
-    """The rule from rotary + cache concat + repeat_kv + SDPA (+ the zeroing of fully masked rows) to GQA."""
+def _gqa(presents: list[tuple[Any, Any]]) -> Any:
+    """The rule from rotary + cache concat + repeat_kv + SDPA (+ the zeroing of fully masked rows) to GQA.
+
+    The rule's pattern has one output, the attention's: onnxscript's matcher tries every combination of
+    candidate nodes for each further output of a pattern (``_matcher.SimplePatternMatcher.match``), so a
+    rule that also returned the concatenated caches took time cubic in the graph (over 20 minutes at 30
+    layers). Each rewrite appends ``(concatenated cache, GQA's present output)`` to ``presents`` instead,
+    for ``_presents_from_gqa`` to rewire once the rule has run.
+    """
     import onnx_ir as ir
     from onnxscript.rewriter import pattern
 
     def split_heads(op: Any, x: Any, name: str) -> Any:
-        return op.Transpose(op.Reshape(x, pattern.ANY_VALUE, _outputs=[name]), perm=[0, 2, 1, 3])
+        return op.Transpose(op.Reshape(x, pattern.ANY_VALUE, _outputs=[name]), perm=[0, 2, 1, 3],
+                            _outputs=[f"{name}_split"])
 
     def repeated(op: Any, cache: Any) -> Any:
         return op.Reshape(op.Expand(op.Unsqueeze(cache, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE)
@@ -152,15 +190,14 @@ def _gqa() -> Any:
             k = op.RotaryEmbedding(split_heads(op, key, "k_heads"), k_positions, cos, sin, _domain=_MS,
                                    _outputs=["k_rope"])
             v = split_heads(op, value, "v_heads")
-            keys = op.Concat(past_key, k, axis=-2) if self._past else k
-            values = op.Concat(past_value, v, axis=-2) if self._past else v
+            keys = op.Concat(past_key, k, axis=-2, _outputs=["keys"]) if self._past else k
+            values = op.Concat(past_value, v, axis=-2, _outputs=["values"]) if self._past else v
             attention = op.SDPA(q, repeated(op, keys), repeated(op, values), mask, key_format="BHSd",
                                 _domain=_FUSION, _outputs=["sdpa"])
             if self._row_mask:
                 attention = op.Mul(attention, rows)
             attention = pattern.OrValue([attention, op.Reshape(attention, pattern.ANY_VALUE)])  # a no-op view
-            out = op.Reshape(op.Transpose(attention, perm=[0, 2, 1, 3]), pattern.ANY_VALUE)
-            return out, keys, values
+            return op.Reshape(op.Transpose(attention, perm=[0, 2, 1, 3]), pattern.ANY_VALUE)
 
         def check(self, context: Any, q_heads: Any, k_heads: Any, q_rope: Any, k_rope: Any, mask: Any,
                   rows: Any = None, **_: Any) -> Any:
@@ -181,8 +218,8 @@ def _gqa() -> Any:
             return result
 
         def rewrite(self, op: Any, query: Any, key: Any, value: Any, q_positions: Any, k_positions: Any, cos: Any,
-                    sin: Any, mask: Any, q_rope: Any, sdpa: Any, past_key: Any = None, past_value: Any = None,
-                    rows: Any = None, **_: Any) -> Any:
+                    sin: Any, mask: Any, q_rope: Any, k_rope: Any, v_heads_split: Any, sdpa: Any, past_key: Any = None,
+                    past_value: Any = None, rows: Any = None, keys: Any = None, values: Any = None, **_: Any) -> Any:
             heads, kv_heads = self._heads
             rotary = _rotary_attrs(q_rope)
             q = op.RotaryEmbedding(query, q_positions, cos, sin, num_heads=heads, **rotary, _domain=_MS)
@@ -201,12 +238,26 @@ def _gqa() -> Any:
                 op.Cast(op.Squeeze(total, op.Constant(value_ints=[0])), to=ir.DataType.INT32),
                 None, None, None, mask, *([None] * 5 if blocks else []), *blocks,
                 num_heads=heads, kv_num_heads=kv_heads, **extra, _domain=_MS, _outputs=3)
+            presents.extend([(keys if self._past else k_rope, present_key),
+                             (values if self._past else v_heads_split, present_value)])
             if rows is not None:
                 out = op.Mul(out, op.Squeeze(rows, op.Constant(value_ints=[1])))
-            return out, present_key, present_value
+            return out
 
     rules = [GroupQueryAttention.rule(past=past, row_mask=row_mask) for past in (True, False) for row_mask in (True, False)]
     return pattern.RewriteRuleSet(rules)
+
+
+def _presents_from_gqa(presents: list[tuple[Any, Any]]) -> None:
+    """Give every use of each concatenated cache (a graph output, the next layer's nothing) GQA's present output
+    instead, under the old value's name, type and shape."""
+    import onnx_ir as ir
+
+    for old, new in presents:
+        new.type, new.shape = old.type, old.shape
+        name, old.name = old.name, None
+        ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+        new.name = name
 
 
 def _rotary_attrs(value: Any) -> dict[str, Any]:
@@ -223,10 +274,7 @@ def cleanup(model: Any, /) -> int:
 
 
 # The fusions ``lower_to_onnx`` runs by default, in order; each reads what the ones before it made.
-ORT_FUSIONS: tuple[OnnxFusion, ...] = (rms_normalization, skip_rms_normalization, rotary_embedding, cleanup)
-# With the attention fusion too, opt-in: its GQA rule has three outputs, and onnxscript's matcher tries
-# every combination of candidate nodes for a multi-output pattern, so its time grows with the cube of
-# the graph (measured: 45 s of 47 at 6 layers of SmolLM-135M's shape, over 20 min at 30 on 2 loaded cores).
-# Default again once the rule is single-output.
-ORT_ATTENTION_FUSIONS: tuple[OnnxFusion, ...] = (rms_normalization, skip_rms_normalization, rotary_embedding,
-                                                 attention, cleanup)
+ORT_FUSIONS: tuple[OnnxFusion, ...] = (rms_normalization, skip_rms_normalization, rotary_embedding, attention, cleanup)
+# The same fusions, under the name they had while the attention fusion was opt-in (its rule then took time cubic in
+# the graph's size); kept for code that names it.
+ORT_ATTENTION_FUSIONS: tuple[OnnxFusion, ...] = ORT_FUSIONS

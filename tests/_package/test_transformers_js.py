@@ -209,9 +209,7 @@ def test_transformers_js_refuses_what_it_cannot_load(parts, bert, tmp_path):
     t5 = pipe(zoo.build("t5"), hfx.capture(zoo.inputs("t5")), hfx.decompose(multi_token_decode=True))
     with pytest.raises(ValueError, match=r"transformers.js: .*encoder-decoder"):
         package(tmp_path / "b", t5)
-    from hfx.backends import ORT_ATTENTION_FUSIONS
-
-    gqa = hfx.lower_to_onnx(parts["decode"], fusions=ORT_ATTENTION_FUSIONS)  # ONNX Runtime 1.32's GroupQueryAttention
+    gqa = hfx.lower_to_onnx(parts["decode"])  # ORT_FUSIONS: ONNX Runtime 1.32's GroupQueryAttention
     fused = hfx.Components(items={"decode": gqa}, meta=parts.meta)
     with pytest.raises(ValueError, match=r"transformers.js: .*GroupQueryAttention.*onnxruntime-node \(1.30\) cannot load"):
         package(tmp_path / "f", fused)
