@@ -148,7 +148,8 @@ def pin_threads(threads: int, runtimes: tuple[str, ...]) -> dict[str, int]:
     The runtimes' own defaults are set here: torch's intra-op threads, ONNX Runtime's
     ``intra_op_num_threads`` on every ``SessionOptions``, OpenVINO's ``INFERENCE_NUM_THREADS`` on every
     ``Core``, ExecuTorch's threadpool (process-wide). hfx's ONNX and OpenVINO programs set their own
-    session's threads (every CPU unless told), so ``open_hfx`` also gives them ``threads`` (``with_threads``).
+    session's threads (every CPU unless told), so ``open_hfx`` also loads them on ``threads``
+    (``hfx.load(threads=)``: set as each loads, so no second session holds a second copy of the weights).
     ONNX Runtime GenAI reads its own from ``genai_config.json`` (``open_genai``). Only the named runtimes
     are imported, so a process's peak RSS holds the libraries it uses. Returns what was set.
     """
@@ -269,21 +270,7 @@ def open_as_model(checkpoint: Path, out: Path, *, threads: int) -> Generate:
     import hfx
 
     del checkpoint
-    return _transformers_generate(hfx.as_model(with_threads(hfx.load(out, trust=True), threads)))
-
-
-def with_threads(programs: Any, threads: int) -> Any:
-    """``programs`` whose components compute on ``threads`` threads where the record takes them (ONNX, OpenVINO, ExecuTorch).
-
-    Their default is every CPU of the machine, set on the session, which ``pin_threads`` cannot reach.
-    """
-    import hfx
-
-    def settable(program: Any) -> bool:  # a compiled program's threads are compiled in (lower_to_aoti's option)
-        return attrs.has(type(program)) and any(f.name == "threads" and f.init for f in attrs.fields(type(program)))
-
-    return hfx.Components(items={name: attrs.evolve(program, threads=threads) if settable(program) else program
-                                 for name, program in programs.items()}, meta=programs.meta)
+    return _transformers_generate(hfx.as_model(hfx.load(out, trust=True, threads=threads)))
 
 
 def _transformers_generate(model: Any) -> Generate:
@@ -330,7 +317,7 @@ def open_hfx(checkpoint: Path, out: Path, *, threads: int) -> Generate:
     """``hfx.load`` of the saved programs on ``threads`` threads, run by ``hfx.generate``."""
     import hfx
 
-    programs = with_threads(hfx.load(out, trust=True), threads)  # trust: a compiled package is this build's own
+    programs = hfx.load(out, trust=True, threads=threads)  # trust: a compiled package is this build's own
 
     def generate(prompt: dict[str, list[list[int]]], tokens: int) -> list[list[int]]:
         ids = hfx.generate(_tensors(prompt), programs, max_new_tokens=tokens, eos_token_id=None)

@@ -17,6 +17,7 @@ from toolz import curry
 from hfx._atomic import staged_directory
 from hfx._errors import HfxError, argument_error
 from hfx._records import Components, GenerationMeta, IoSpec
+from hfx.backends._common import check_threads
 
 SCHEMA_VERSION = 2  # 2: ``meta`` is a ``GenerationMeta``'s JSON (1: a flat dict, still read)
 MANIFEST = "hfx.json"
@@ -150,7 +151,7 @@ def _write_components(
     }
 
 
-def load(directory: str | os.PathLike[str], /, *, trust: bool = False) -> Any:
+def load(directory: str | os.PathLike[str], /, *, trust: bool = False, threads: int | None = None) -> Any:
     """Load what ``save`` wrote: one program, or ``Components`` when several were saved.
 
     What the manifest names is resolved, never imported: classes in its specs only among transformers' cache
@@ -163,13 +164,22 @@ def load(directory: str | os.PathLike[str], /, *, trust: bool = False) -> Any:
         directory: what ``hfx.save`` wrote.
         trust: allow loading pickled parts of a ``.pt2`` and compiled packages (``AotiProgram``); only for an
             export whose source you trust.
+        threads: the threads each program computes on, given to it as it loads: ONNX Runtime's session,
+            OpenVINO's compiled model, ExecuTorch's threadpool (``hfx.backends._executorch_threads``). ``None``:
+            each runtime's default, as ``lower_to_*`` gives it. Set here rather than with ``attrs.evolve`` after
+            loading, which opens a second session (a second copy of the weights in memory while both live). A
+            compiled package (``AotiProgram``) runs on the threads it was compiled for: another number is
+            refused. A ``torch.export`` program runs on torch's own (``torch.set_num_threads``).
 
     Raises:
         FileNotFoundError: no ``hfx.json`` in ``directory``.
         ValueError: the manifest was written by a newer hfx schema, names a file outside ``directory``, or its
             specs name a class hfx does not resolve from a file, or (without ``trust``) a ``.pt2`` holds pickled
-            parts or a component is a compiled package; the message names the manifest and the entry.
+            parts or a component is a compiled package; the message names the manifest and the entry; or
+            ``threads`` is not a positive int, or not the threads a compiled package was made for.
     """
+    if threads is not None:
+        check_threads("load", threads)
     path = Path(directory)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
@@ -179,14 +189,15 @@ def load(directory: str | os.PathLike[str], /, *, trust: bool = False) -> Any:
     if manifest.get("schema_version", 0) > SCHEMA_VERSION:
         msg = f"load: {path} uses manifest schema {manifest['schema_version']}; this hfx reads up to {SCHEMA_VERSION}. Upgrade hfx."
         raise ValueError(msg)
-    programs = {name: _load_component(path, name, entry, trust=trust) for name, entry in manifest["components"].items()}
+    programs = {name: _load_component(path, name, entry, trust=trust, threads=threads)
+                for name, entry in manifest["components"].items()}
     if manifest.get("single") and len(programs) == 1:
         return next(iter(programs.values()))
     processor = load_processor(_inside(path, manifest["processor"], "processor")) if manifest.get("processor") else None
     return Components(items=programs, meta=GenerationMeta.from_json(manifest.get("meta", {})), processor=processor)
 
 
-def _load_component(path: Path, name: str, entry: Mapping[str, Any], *, trust: bool) -> Any:
+def _load_component(path: Path, name: str, entry: Mapping[str, Any], *, trust: bool, threads: int | None) -> Any:
     """One component of the manifest in ``path``: its files checked to lie inside ``path``, its specs to name only
     classes hfx resolves from a file (``hfx._pytree``), then loaded by its runtime."""
     from hfx._contract import load_spec
@@ -205,7 +216,7 @@ def _load_component(path: Path, name: str, entry: Mapping[str, Any], *, trust: b
         pickled = [] if trust else getattr(module, "unpickled_members", lambda *_: [])(entry, path)
         native = [] if trust else getattr(module, "native_members", lambda *_: [])(entry, path)
         if not pickled and not native:
-            return module.load_files(entry, path, name=name, io=io)
+            return module.load_files(entry, path, name=name, io=io, threads=threads)
     except HfxError:  # hfx's own errors already say what failed (a device that cannot compile the model ...)
         raise
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # unreadable files

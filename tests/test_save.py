@@ -12,6 +12,7 @@ from toolz import pipe
 import hfx
 from hfx._save import MANIFEST, SCHEMA_VERSION
 from tests.helpers import new_inputs, schema_1_meta
+from tests.tolerances import FP32_PARITY
 
 
 def test_round_trip_of_an_exported_program(exported, tmp_path):
@@ -52,6 +53,31 @@ def test_a_failed_overwrite_keeps_the_old_directory(exported, tmp_path):
         hfx.save(target, hfx.Components(items={"a": object()}), overwrite=True)
     assert hfx.load(target).io == exported("bert").io
     assert [p.name for p in tmp_path.iterdir()] == ["keep"]
+
+
+def test_load_gives_each_program_the_threads_asked_for(tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("openvino")
+    pytest.importorskip("executorch")
+    from hfx.backends._executorch_threads import pool_threads
+
+    linear = torch.nn.Linear(8, 4)
+    exported = pipe(linear, hfx.capture({"input": torch.randn(2, 8)}), hfx.export)
+    sessions = hfx.Components(items={"onnx": hfx.lower_to_onnx(exported), "ov": hfx.lower_to_ov(exported)})
+    loaded = hfx.load(hfx.save(tmp_path / "sessions", sessions), threads=1)
+    assert [program.threads for program in loaded.values()] == [1, 1]
+    assert loaded["onnx"]._session.get_session_options().intra_op_num_threads == 1
+    assert int(loaded["ov"]._compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+    # ExecuTorch has one pool per process: this worker's other programs live on it, so load at its size.
+    pte = hfx.load(hfx.save(tmp_path / "pte", hfx.lower_to_pte(exported)), threads=pool_threads())
+    assert pte.threads == pool_threads()
+    inputs = {"input": torch.randn(3, 8)}
+    with torch.no_grad():
+        want = linear(**inputs)
+    for program in (*loaded.values(), pte):
+        torch.testing.assert_close(program(**inputs), want, atol=FP32_PARITY, rtol=0)
+    with pytest.raises(ValueError, match=r"load: threads must be a positive int .* got 0"):
+        hfx.load(tmp_path / "sessions", threads=0)
 
 
 def test_load_errors(tmp_path):

@@ -275,14 +275,22 @@ def save_files(program: AotiProgram, directory: Path, *, filename: str = "") -> 
     return {"files": [filename], "threads": program.threads, "inductor_configs": dict(program.inductor_configs)}
 
 
-def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> AotiProgram:
+def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec,
+               threads: int | None = None) -> AotiProgram:
     """Load a package written by ``save_files``, running its native code (``hfx.load`` asks for ``trust=True``).
 
-    The program maps a private copy of the package and outlives its directory.
+    The program maps a private copy of the package and outlives its directory. Its kernels were generated
+    for the threads it records: ``threads`` must be ``None`` or that number.
     """
     with (Path(directory) / entry["files"][0]).open("rb") as saved:
         package = _mapped(functools.partial(shutil.copyfileobj, saved))
-    return AotiProgram(package=package, io=io, name=name, inductor_configs=entry.get("inductor_configs", {}))
+    program = AotiProgram(package=package, io=io, name=name, inductor_configs=entry.get("inductor_configs", {}))
+    if threads is not None and threads != program.threads:
+        msg = (f"load: component {name!r} is an AOTInductor package compiled for {program.threads} threads, not "
+               f"{threads}; load it with threads={program.threads} (or None), or compile it again with "
+               f"lower_to_aoti(exported, threads={threads})")
+        raise ValueError(msg)
+    return program
 
 
 def native_members(entry: Mapping[str, Any], directory: Path) -> list[str]:

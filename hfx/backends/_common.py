@@ -149,6 +149,11 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def given_options(**options: Any) -> dict[str, Any]:
+    """``options`` without those that are ``None``: keyword arguments that leave the other fields at their defaults."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
 def check_threads(stage: str, threads: Any) -> int:
     """``threads`` if it is a positive int, else a ``ValueError`` naming ``stage``."""
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:

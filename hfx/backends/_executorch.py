@@ -605,13 +605,15 @@ def save_files(program: PteProgram, directory: Path) -> dict[str, Any]:
             "constant_methods": dict(program.constant_methods)}
 
 
-def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> PteProgram:
+def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec,
+               threads: int | None = None) -> PteProgram:
     """Load a program written by ``save_files``: the ``.pte`` is read into memory, a ``.ptd`` beside it
-    is read by the runtime from the saved file (keep the directory while the program runs)."""
+    is read by the runtime from the saved file (keep the directory while the program runs). ``threads``
+    sizes ExecuTorch's threadpool as the method loads (``None``: the pool as it is)."""
     require("executorch", extra="executorch", stage="load")
     files = entry["files"]
     buffer = (Path(directory) / files[0]).read_bytes()
     weights = PteWeights(path=Path(directory) / files[1]) if len(files) > 1 else None
     return PteProgram(buffer=buffer, io=io, name=name, patches=entry.get("patches", ()),
                       rewrites=entry.get("rewrites", {}), constant_methods=entry.get("constant_methods", {}),
-                      weights=weights)
+                      weights=weights, threads=threads)

@@ -41,6 +41,7 @@ from hfx.backends._common import (
     first_line,
     fix_names,
     fixes_option,
+    given_options,
     lowering_error,
     require,
     root_cause,
@@ -457,7 +458,8 @@ def save_files(program: OnnxProgram, directory: Path, *, filename: str = "", dat
     return {"files": files, "opset": program.opset, "fixes": list(program.fixes), "fusions": dict(program.fusions)}
 
 
-def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> OnnxProgram:
+def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec,
+               threads: int | None = None) -> OnnxProgram:
     """Load a program written by ``save_files``; weights up to 256 MiB are read into memory.
 
     Such a program outlives its directory. Larger weights stay in the saved
@@ -465,8 +467,8 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
     directory while the program runs (a program made with other ``threads``
     opens a new session).
 
-    The session gets this machine's ``default_threads()`` and ``default_providers()``
-    (``attrs.evolve(program, threads=..., providers=...)`` for others).
+    The session gets ``threads`` (``None``: this machine's ``default_threads()``) and
+    ``default_providers()`` (``attrs.evolve(program, providers=...)`` for others).
     """
     require("onnx", "onnxscript", "onnxruntime", extra="onnx", stage="load")
     import onnx_ir as ir
@@ -477,4 +479,4 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
         ir.external_data.load_to_model(model)  # the program then outlives its directory
     opset = int(entry.get("opset", MIN_OPSET))
     return OnnxProgram(model=model, io=io, name=name, opset=opset, fixes=entry.get("fixes", ()),
-                       fusions=entry.get("fusions", {}))
+                       fusions=entry.get("fusions", {}), **given_options(threads=threads))

@@ -33,7 +33,15 @@ from hfx._lift import per_component
 from hfx._records import Capture, Exported, IoSpec, TensorSpec
 from hfx._export.updates import for_runtime
 from hfx._pytree import spec_caches
-from hfx.backends._common import as_exported, check_threads, default_threads, fix_names, fixes_option, require
+from hfx.backends._common import (
+    as_exported,
+    check_threads,
+    default_threads,
+    fix_names,
+    fixes_option,
+    given_options,
+    require,
+)
 from hfx.backends._openvino_fixes import OV_GRAPH_FIXES, OvGraphFix
 from hfx.backends._openvino_stateful import stateful_io, stateful_model
 from hfx._serial import one_at_a_time
@@ -512,12 +520,14 @@ def save_files(program: OvProgram, directory: Path) -> dict[str, Any]:
             "graph_fixes": list(program.graph_fixes), "state": list(program.state)}
 
 
-def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec) -> OvProgram:
-    """Read a model written by ``save_files`` and compile it for the device it was saved with."""
+def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec,
+               threads: int | None = None) -> OvProgram:
+    """Read a model written by ``save_files`` and compile it for the device it was saved with, on ``threads``
+    (``None``: ``default_threads()``)."""
     require("openvino", extra="openvino", stage="load")
     model = _core().read_model(directory / entry["files"][0])
     return OvProgram(
         model=model, io=io, name=name, device=entry.get("device", "CPU"), source_class=entry.get("source_class", ""),
-        graph_fixes=entry.get("graph_fixes", ()), state=entry.get("state", ()),
+        graph_fixes=entry.get("graph_fixes", ()), state=entry.get("state", ()), **given_options(threads=threads),
     )
 

@@ -38,8 +38,9 @@ def save_files(program: Exported, directory: Path) -> dict[str, Any]:
     }
 
 
-def load_files(entry: dict[str, Any], directory: Path, *, name: str, io: IoSpec) -> Exported:
-    """Load a program written by ``save_files``."""
+def load_files(entry: dict[str, Any], directory: Path, *, name: str, io: IoSpec, threads: int | None = None) -> Exported:
+    """Load a program written by ``save_files``. It runs on torch's threads (``torch.set_num_threads``), which
+    are the process's, not the program's: ``threads`` is not set here."""
     import torch
 
     from hfx._pytree import classes_in_spec, registered_caches
