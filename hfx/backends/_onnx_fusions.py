@@ -5,8 +5,10 @@ many places it rewrote; ``lower_to_onnx(fusions=...)`` runs them in order after 
 fixes and records the counts of those that fired in ``OnnxProgram.fusions``. A graph
 without the pattern (an encoder, a vision tower) is left as it is, so the defaults
 apply wherever they match: decoder LLMs get ``SimplifiedLayerNormalization``,
-``SkipSimplifiedLayerNormalization``, ``RotaryEmbedding`` and ``GroupQueryAttention``,
-other attentions (encoders, cross-attention) ``MultiHeadAttention`` (all in ONNX Runtime's
+``SkipSimplifiedLayerNormalization``, ``RotaryEmbedding`` and ``GroupQueryAttention``
+(which masks causally: only in a graph that reads a cache, with a mask built from the padding
+mask and positions alone), other attentions (encoders, cross-attention, a prompt graph without
+a cache, a prefix that attends both ways) ``MultiHeadAttention`` (all in ONNX Runtime's
 ``com.microsoft`` domain, so the fused graph runs on ONNX Runtime only; ``fusions=()`` keeps
 standard ONNX).
 
@@ -211,6 +213,9 @@ def _gqa(presents: list[tuple[Any, Any]]) -> Any:
                 return result.fail("the query and key rotaries differ", [q_rope, k_rope])
             if mask.dtype != q_heads.dtype or mask.shape is None or mask.shape.rank() != 4:
                 return result.fail("the mask is not an additive (B, 1, S, T) bias of the query's dtype", mask)
+            if not _causal_inputs_only(mask):
+                return result.fail("the mask reads inputs besides the padding mask and positions (a bidirectional "
+                                   "prefix?), and GQA masks causally on top of it", mask)
             if rows is not None and (rows.shape is None or rows.shape.rank() != 4 or rows.shape[1] != 1
                                      or rows.shape[3] != 1):
                 return result.fail("the row mask is not (B, 1, S, 1)", rows)
@@ -244,8 +249,36 @@ def _gqa(presents: list[tuple[Any, Any]]) -> Any:
                 out = op.Mul(out, op.Squeeze(rows, op.Constant(value_ints=[1])))
             return out
 
-    rules = [GroupQueryAttention.rule(past=past, row_mask=row_mask) for past in (True, False) for row_mask in (True, False)]
-    return pattern.RewriteRuleSet(rules)
+    # With a cache only: a graph without one may be a bidirectional encoder (EmbeddingGemma's rotary, GQA heads and
+    # padding-only mask), whose attention MultiHeadAttention takes as it is.
+    return pattern.RewriteRuleSet([GroupQueryAttention.rule(past=True, row_mask=row_mask) for row_mask in (True, False)])
+
+
+# The graph inputs a decoder's causal mask is built from: the padding mask and the positions (whose blocks of
+# packed sequences only narrow the causal window); the other inputs' sizes (read through Shape) count as sizes.
+_CAUSAL_MASK_INPUTS = frozenset({"attention_mask", "position_ids", "cache_position"})
+
+
+def _causal_inputs_only(mask: Any) -> bool:
+    """Whether ``mask`` reads no graph input's values but those a causal mask is built from.
+
+    ONNX Runtime's ``GroupQueryAttention`` always masks causally (no key after the query's position) and then
+    adds the bias; a mask that lets a block attend both ways (PaliGemma's image and prefix tokens, by
+    ``token_type_ids``; Gemma 3's image tokens, by ``input_ids``) would lose its later keys.
+    """
+    seen: set[int] = set()
+    stack = [mask]
+    while stack:
+        value = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if value.is_graph_input() and value.name not in _CAUSAL_MASK_INPUTS:
+            return False
+        node = value.producer()
+        if node is not None and node.op_type not in ("Shape", "Size"):
+            stack.extend(v for v in node.inputs if v is not None)
+    return True
 
 
 def _presents_from_gqa(presents: list[tuple[Any, Any]]) -> None:

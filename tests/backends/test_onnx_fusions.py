@@ -17,10 +17,13 @@ from tests.helpers import NEW_SHAPE, eager_tokens, one_layer  # noqa: E402
 from tests.tolerances import FP32_ONE_BLOCK, FP32_PARITY  # noqa: E402
 
 DECODERS = ("llama", "qwen2", "mistral")  # mistral: a sliding window shorter than the prompts
-FUSED = {"GroupQueryAttention", "RotaryEmbedding", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
+FUSED = {"RotaryEmbedding", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
+# The graph that reads a cache gets GroupQueryAttention; the prefill, with none, MultiHeadAttention (a graph
+# without a cache may be a bidirectional encoder, which GQA's causal masking would break).
+ATTENTION = {"prefill": "MultiHeadAttention", "decode": "GroupQueryAttention"}
 # Per graph of the one-layer decoders (tests.helpers.one_layer: the zoo's with one layer, the same fusions in fewer
 # nodes): the input norm, the post-attention norm and the final norm (the first fused alone, the others with the
-# residual add before them), q and k rotated, one GQA.
+# residual add before them), q and k rotated, one attention.
 COUNTS = {"rms_normalization": 3, "skip_rms_normalization": 2, "rotary_embedding": 2, "attention": 1}
 
 
@@ -51,8 +54,8 @@ def test_decoder_graphs_hold_the_fused_operators(lowered, name):
     _, programs = lowered(name)
     for program in programs.values():
         ops = _ops(program)
-        assert FUSED <= set(ops), (program.name, ops)
-        assert ops["GroupQueryAttention"] == 1 and ops["RotaryEmbedding"] == 2, ops
+        assert FUSED | {ATTENTION[program.name]} <= set(ops), (program.name, ops)
+        assert ops[ATTENTION[program.name]] == 1 and ops["RotaryEmbedding"] == 2, ops
         assert not {"Softmax", "Pow", "ReduceMean", "Neg", "Trilu"} & set(ops), ops  # nothing left unfused
         assert program.fusions == COUNTS
         assert [v.name for v in program.model.graph.outputs] == list(program.io.output_names)
@@ -85,7 +88,7 @@ def test_prefill_logits_and_cache_match_eager(lowered):
 def test_multi_token_decode_takes_a_block_over_a_past(lowered):
     model, programs = lowered("llama", multi_token_decode=True)
     decode = programs["decode"]
-    assert set(_ops(decode)) >= FUSED
+    assert set(_ops(decode)) >= FUSED | {"GroupQueryAttention"}
     inputs = zoo.inputs("llama", batch=2, sequence=12)
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -105,6 +108,23 @@ def test_an_encoders_attention_becomes_multi_head_attention_and_keeps_eagers_val
     with torch.no_grad():
         want = models("bert")(**inputs).last_hidden_state
     torch.testing.assert_close(program(**inputs).last_hidden_state, want, atol=FP32_PARITY, rtol=0)
+
+
+def test_attention_that_sees_later_tokens_is_not_given_to_causal_gqa(lowered_onnx, models, generative):
+    # GroupQueryAttention masks causally on top of its bias: PaliGemma's image and prefix tokens attend both ways
+    # (a mask built from token_type_ids), and a graph without a cache may be a bidirectional encoder.
+    forward = lowered_onnx("paligemma")
+    assert "GroupQueryAttention" not in _ops(forward) and _ops(forward)["MultiHeadAttention"] == 3
+    inputs = zoo.forward_inputs("paligemma", **NEW_SHAPE)
+    with torch.no_grad():
+        want = models("paligemma")(**inputs).logits
+    torch.testing.assert_close(forward(**inputs).logits, want, atol=FP32_PARITY, rtol=0)
+    model, parts = generative("paligemma")
+    programs = hfx.lower_to_onnx(parts)
+    assert "GroupQueryAttention" not in _ops(programs["prefill"])  # its mask reads token_type_ids
+    assert _ops(programs["decode"])["GroupQueryAttention"] == 2  # one token a step: the padding mask only
+    prompt = zoo.inputs("paligemma", **NEW_SHAPE)
+    assert torch.equal(hfx.generate(prompt, programs, max_new_tokens=6), eager_tokens(model, prompt, 6))
 
 
 def test_an_attention_no_fused_operator_takes_goes_back_to_standard_ops(exported, models):
