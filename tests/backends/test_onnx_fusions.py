@@ -10,7 +10,7 @@ pytest.importorskip("onnxruntime")
 import hfx  # noqa: E402
 from hfx import zoo  # noqa: E402
 from hfx.backends import ORT_ATTENTION_FUSIONS, ORT_FUSIONS  # noqa: E402
-from hfx.backends._onnx_fusions import _gqa, _standard_attention  # noqa: E402
+from hfx.backends._onnx_fusions import _causal_inputs_only, _gqa, _standard_attention  # noqa: E402
 from hfx._generate import initial_cache  # noqa: E402
 from hfx.backends._onnx import default_providers, default_threads  # noqa: E402
 from tests.helpers import NEW_SHAPE, eager_tokens, one_layer  # noqa: E402
@@ -110,21 +110,28 @@ def test_an_encoders_attention_becomes_multi_head_attention_and_keeps_eagers_val
     torch.testing.assert_close(program(**inputs).last_hidden_state, want, atol=FP32_PARITY, rtol=0)
 
 
-def test_attention_that_sees_later_tokens_is_not_given_to_causal_gqa(lowered_onnx, models, generative):
-    # GroupQueryAttention masks causally on top of its bias: PaliGemma's image and prefix tokens attend both ways
-    # (a mask built from token_type_ids), and a graph without a cache may be a bidirectional encoder.
-    forward = lowered_onnx("paligemma")
-    assert "GroupQueryAttention" not in _ops(forward) and _ops(forward)["MultiHeadAttention"] == 3
-    inputs = zoo.forward_inputs("paligemma", **NEW_SHAPE)
-    with torch.no_grad():
-        want = models("paligemma")(**inputs).logits
-    torch.testing.assert_close(forward(**inputs).logits, want, atol=FP32_PARITY, rtol=0)
-    model, parts = generative("paligemma")
-    programs = hfx.lower_to_onnx(parts)
-    assert "GroupQueryAttention" not in _ops(programs["prefill"])  # its mask reads token_type_ids
-    assert _ops(programs["decode"])["GroupQueryAttention"] == 2  # one token a step: the padding mask only
-    prompt = zoo.inputs("paligemma", **NEW_SHAPE)
-    assert torch.equal(hfx.generate(prompt, programs, max_new_tokens=6), eager_tokens(model, prompt, 6))
+def _mask_reading(values: tuple[str, ...], sizes: tuple[str, ...] = ()):
+    """A mask value built from the graph inputs ``values`` and from the shapes of ``sizes`` (never computed)."""
+    import onnx_ir as ir
+
+    inputs = [ir.Value(name=name, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([2, 7]))
+              for name in (*values, *sizes)]
+    parts = [ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", 1)]) for value in inputs[:len(values)]]
+    parts += [ir.Node("", "Shape", [value]) for value in inputs[len(values):]]
+    mask = ir.Node("", "Concat", [part.outputs[0] for part in parts], attributes=[ir.AttrInt64("axis", 0)])
+    ir.Graph(inputs, [mask.outputs[0]], nodes=[*parts, mask])
+    return mask.outputs[0]
+
+
+def test_gqa_takes_only_a_graph_with_a_cache_whose_mask_is_causal(lowered_onnx):
+    # GroupQueryAttention masks causally on top of its bias. A graph without a cache may be a bidirectional
+    # encoder: the Llama forward (no cache input) gets MultiHeadAttention. A mask that reads other inputs may let a
+    # block attend both ways (PaliGemma's prefix by token_type_ids, Gemma 3's image tokens by input_ids).
+    forward = _ops(lowered_onnx("llama"))
+    assert "GroupQueryAttention" not in forward and forward["MultiHeadAttention"] == 2
+    assert _causal_inputs_only(_mask_reading(("attention_mask", "position_ids"), sizes=("input_ids",)))
+    assert not _causal_inputs_only(_mask_reading(("attention_mask", "token_type_ids")))
+    assert not _causal_inputs_only(_mask_reading(("input_ids",)))
 
 
 def test_an_attention_no_fused_operator_takes_goes_back_to_standard_ops(exported, models):
