@@ -33,7 +33,7 @@ import attrs
 from toolz import curry
 
 from hfx._contract import FlatCall, call
-from hfx._errors import LoweringError
+from hfx._errors import InputError, LoweringError
 from hfx._export.example_inputs import example_kwargs
 from hfx._export.updates import for_runtime
 from hfx._lift import per_component
@@ -282,15 +282,15 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
     The program maps a private copy of the package and outlives its directory. Its kernels were generated
     for the threads it records: ``threads`` must be ``None`` or that number.
     """
+    compiled = entry.get("threads")
+    if threads is not None and compiled is not None and threads != compiled:
+        msg = (f"load: component {name!r} is an AOTInductor package compiled for {compiled} threads, not "
+               f"{threads}; load it with threads={compiled} (or None), or compile it again with "
+               f"lower_to_aoti(exported, threads={threads})")
+        raise InputError(msg)  # an HfxError: hfx.load passes it on as it is, not as an unreadable file
     with (Path(directory) / entry["files"][0]).open("rb") as saved:
         package = _mapped(functools.partial(shutil.copyfileobj, saved))
-    program = AotiProgram(package=package, io=io, name=name, inductor_configs=entry.get("inductor_configs", {}))
-    if threads is not None and threads != program.threads:
-        msg = (f"load: component {name!r} is an AOTInductor package compiled for {program.threads} threads, not "
-               f"{threads}; load it with threads={program.threads} (or None), or compile it again with "
-               f"lower_to_aoti(exported, threads={threads})")
-        raise ValueError(msg)
-    return program
+    return AotiProgram(package=package, io=io, name=name, inductor_configs=entry.get("inductor_configs", {}))
 
 
 def native_members(entry: Mapping[str, Any], directory: Path) -> list[str]:
