@@ -7,7 +7,7 @@ hits both alike:
 - ``public``: the program's own call, ``program(**kwargs)``: hfx checks the inputs against the program's
   ``IoSpec``, flattens the cache, converts to the runtime's form, runs, and rebuilds the model's output structure;
 - ``runtime``: the runtime's own call that ``public`` makes, on inputs already in its form: ONNX Runtime's
-  ``session.run`` on numpy feeds, OpenVINO's request with each input set, then ``start_async`` + ``wait``,
+  ``session.run`` on numpy feeds, OpenVINO's request with each input set, then run in the calling thread,
   ExecuTorch's ``method.execute``, the ExportedProgram's graph module on its weights and the flat inputs;
 - ``step``: the step as ``hfx.generate`` runs it once its first steps are checked (``hfx._flat_steps.flat_step`` on
   the program's ``flat_call()``): the step's new tensors converted, the cache carried in the runtime's form from the
@@ -93,16 +93,17 @@ def runtime_call(runtime: str, program: Any, flat: list[Any]) -> Any:
 
 
 def _ov_infer(request: Any, tensors: list[Any], read: int = 0) -> Any:
-    """``request`` run on ``tensors`` (OpenVINO's) as ``OvProgram`` runs it: each set as an input, ``start_async``,
-    ``wait`` (``infer(tensors)`` sets them too, and builds a dict of the outputs), then its first ``read`` output
-    tensors taken and the logits among them copied out."""
+    """``request`` run on ``tensors`` (OpenVINO's) as ``OvProgram`` runs it: each set as an input, the request run in
+    this thread (``hfx.backends._openvino.run_in_this_thread``), then its first ``read`` output tensors taken and
+    the logits among them copied out."""
     import numpy as np
+
+    from hfx.backends._openvino import run_in_this_thread
 
     def infer() -> list[Any]:
         for index, tensor in enumerate(tensors):
             request.set_input_tensor(index, tensor)
-        request.start_async()
-        request.wait()
+        run_in_this_thread(request)
         outputs = [request.get_output_tensor(index) for index in range(read)]
         if outputs:
             np.array(outputs[0].data)  # the logits read, as the step reads them (the first read costs most)
