@@ -173,16 +173,15 @@ def _gqa(presents: list[tuple[Any, Any]]) -> Any:
     from onnxscript.rewriter import pattern
 
     def split_heads(op: Any, x: Any, name: str) -> Any:
-        return op.Transpose(op.Reshape(x, pattern.ANY_VALUE, _outputs=[name]), perm=[0, 2, 1, 3],
-                            _outputs=[f"{name}_split"])
+        return op.Transpose(op.Reshape(x, pattern.ANY_VALUE, _outputs=[name]), perm=[0, 2, 1, 3])
 
     def repeated(op: Any, cache: Any) -> Any:
         return op.Reshape(op.Expand(op.Unsqueeze(cache, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE)
 
     class GroupQueryAttention(pattern.RewriteRuleClassBase):
-        def __init__(self, *, past: bool, row_mask: bool) -> None:
-            super().__init__(f"GQA(past={past}, row_mask={row_mask})", remove_nodes=False)
-            self._past, self._row_mask = past, row_mask
+        def __init__(self, *, row_mask: bool) -> None:
+            super().__init__(f"GQA(row_mask={row_mask})", remove_nodes=False)
+            self._row_mask = row_mask
 
         def pattern(self, op: Any, query: Any, key: Any, value: Any, past_key: Any, past_value: Any,
                     q_positions: Any, k_positions: Any, cos: Any, sin: Any, mask: Any, rows: Any) -> Any:
@@ -192,8 +191,8 @@ def _gqa(presents: list[tuple[Any, Any]]) -> Any:
             k = op.RotaryEmbedding(split_heads(op, key, "k_heads"), k_positions, cos, sin, _domain=_MS,
                                    _outputs=["k_rope"])
             v = split_heads(op, value, "v_heads")
-            keys = op.Concat(past_key, k, axis=-2, _outputs=["keys"]) if self._past else k
-            values = op.Concat(past_value, v, axis=-2, _outputs=["values"]) if self._past else v
+            keys = op.Concat(past_key, k, axis=-2, _outputs=["keys"])
+            values = op.Concat(past_value, v, axis=-2, _outputs=["values"])
             attention = op.SDPA(q, repeated(op, keys), repeated(op, values), mask, key_format="BHSd",
                                 _domain=_FUSION, _outputs=["sdpa"])
             if self._row_mask:
@@ -223,8 +222,8 @@ def _gqa(presents: list[tuple[Any, Any]]) -> Any:
             return result
 
         def rewrite(self, op: Any, query: Any, key: Any, value: Any, q_positions: Any, k_positions: Any, cos: Any,
-                    sin: Any, mask: Any, q_rope: Any, k_rope: Any, v_heads_split: Any, sdpa: Any, past_key: Any = None,
-                    past_value: Any = None, rows: Any = None, keys: Any = None, values: Any = None, **_: Any) -> Any:
+                    sin: Any, mask: Any, q_rope: Any, sdpa: Any, past_key: Any, past_value: Any, keys: Any, values: Any,
+                    rows: Any = None, **_: Any) -> Any:
             heads, kv_heads = self._heads
             rotary = _rotary_attrs(q_rope)
             q = op.RotaryEmbedding(query, q_positions, cos, sin, num_heads=heads, **rotary, _domain=_MS)
@@ -237,21 +236,20 @@ def _gqa(presents: list[tuple[Any, Any]]) -> Any:
             batch = op.Shape(query, start=0, end=1)
             # Every row's block is whole; saying so lets a block of several tokens over a past run at any batch
             # (without it ONNX Runtime takes such a block at batch 1 only).
-            blocks = [op.Expand(op.Cast(op.Shape(query, start=1, end=2), to=ir.DataType.INT32), batch)] if self._past else []
+            blocks = op.Expand(op.Cast(op.Shape(query, start=1, end=2), to=ir.DataType.INT32), batch)
             out, present_key, present_value = op.GroupQueryAttention(
                 q, k, value, past_key, past_value, seqlens,
                 op.Cast(op.Squeeze(total, op.Constant(value_ints=[0])), to=ir.DataType.INT32),
-                None, None, None, mask, *([None] * 5 if blocks else []), *blocks,
+                None, None, None, mask, *([None] * 5), blocks,
                 num_heads=heads, kv_num_heads=kv_heads, **extra, _domain=_MS, _outputs=3)
-            presents.extend([(keys if self._past else k_rope, present_key),
-                             (values if self._past else v_heads_split, present_value)])
+            presents.extend([(keys, present_key), (values, present_value)])
             if rows is not None:
                 out = op.Mul(out, op.Squeeze(rows, op.Constant(value_ints=[1])))
             return out
 
     # With a cache only: a graph without one may be a bidirectional encoder (EmbeddingGemma's rotary, GQA heads and
     # padding-only mask), whose attention MultiHeadAttention takes as it is.
-    return pattern.RewriteRuleSet([GroupQueryAttention.rule(past=True, row_mask=row_mask) for row_mask in (True, False)])
+    return pattern.RewriteRuleSet([GroupQueryAttention.rule(row_mask=row_mask) for row_mask in (True, False)])
 
 
 # The graph inputs a decoder's causal mask is built from: the padding mask and the positions (whose blocks of
