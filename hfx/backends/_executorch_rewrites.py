@@ -19,6 +19,10 @@ runs them after ExecuTorch's edge conversion and before partitioning, and the
 program records the counts of those that fired in ``PteProgram.rewrites``. Each
 is exact (the same values, a reshape or the same mean over a reshaped tensor),
 leaves a graph without its pattern as it is, and can be left out on its own.
+Being exact, a rewrite left in place after XNNPACK takes the original form costs
+nothing but its pass; delete ``views_infer_their_symbolic_dim`` when XNNPACK's
+``view_copy`` config accepts a symbolic size, ``row_means_as_pooling`` when its
+``mean.dim`` config accepts any reduced dims.
 Nothing here imports executorch at import time.
 """
 
