@@ -533,7 +533,11 @@ def sample(seed: int, *, census_results: Mapping[str, Mapping[str, Any]] | None 
 
 
 def build(name: str = DEFAULT, *, seed: int = 0) -> torch.nn.Module:
-    """A tiny random-weight model of architecture ``name``, in eval mode, built without a download."""
+    """A tiny random-weight model of architecture ``name``, in eval mode, built without a download.
+
+    A generated entry's parameters that its model's init leaves all zeros get small random values, so that
+    a zeroed MoE router does not rank exactly tied experts (``_perturb_zero_parameters``).
+    """
     import transformers
 
     spec = entry(name)
@@ -541,7 +545,25 @@ def build(name: str = DEFAULT, *, seed: int = 0) -> torch.nn.Module:
     auto = getattr(transformers, spec.auto_class)
     # An Auto class builds from a config; a concrete class (a tower no Auto class maps) takes it directly.
     model = auto.from_config(spec.config()) if hasattr(auto, "from_config") else auto(spec.config())
+    if ":" in name:
+        _perturb_zero_parameters(model, seed=seed)
     return model.eval()
+
+
+def _perturb_zero_parameters(model: torch.nn.Module, *, seed: int) -> None:
+    """Give each floating parameter of ``model`` that is all zeros small random values (normal, std 0.02).
+
+    A generated entry keeps its model's own init, and some models zero their MoE router (AFMoE's
+    ``router.gate``, ERNIE 4.5 MoE's ``gate``): every expert then scores the same, and top-k chooses among
+    exact ties, whose order no runtime defines alike (ONNX's ``TopK`` takes the lower index, torch's CPU
+    ``topk`` promises none). The runtimes' logits then differ from eager's by the experts picked, not by
+    the export. A trained checkpoint has no such ties.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.is_floating_point() and parameter.numel() > 1 and not parameter.any():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * 0.02)
 
 
 def inputs(name: str = DEFAULT, *, batch: int = 2, sequence: int = 7) -> dict[str, torch.Tensor]:

@@ -132,6 +132,26 @@ def test_an_encoder_decoder_without_a_start_token_starts_from_bos_as_generate_do
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=4), expected)
 
 
+def test_a_zero_initialised_router_gets_random_weights_so_top_k_sees_no_ties():
+    import transformers
+
+    name = "causal-lm:afmoe"
+    plain = transformers.AutoModelForCausalLM.from_config(zoo.entry(name).config())
+    # Canary: AFMoE's own init zeroes its router, so every expert scores the same.
+    assert not plain.model.layers[1].mlp.router.gate.weight.any()
+    model = zoo.build(name)
+    assert all(p.any() for p in model.parameters() if p.is_floating_point() and p.numel() > 1)
+    scores = []
+    model.model.layers[1].mlp.router.register_forward_hook(lambda module, args, out: scores.append(out[0]))
+    with torch.no_grad():
+        model(**zoo.inputs(name))
+    top = scores[0].sigmoid().sort(dim=-1, descending=True).values
+    k = model.config.num_experts_per_tok
+    assert (top[:, k - 1] > top[:, k]).all()  # the chosen experts are the same on every runtime
+    assert zoo.build(name).state_dict().keys() == model.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(zoo.build(name).parameters(), model.parameters()))  # seeded
+
+
 def test_unknown_generated_names_raise_key_error():
     with pytest.raises(KeyError, match="no task"):
         zoo.entry("no-such-task:llama")
