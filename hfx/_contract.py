@@ -126,10 +126,14 @@ def _check_axis(
         raise InputError(msg)
     lo, hi = io.bounds.get(want, (0, None))
     if got < lo or (hi is not None and got > hi):
-        msg = (
-            f"{program}: axis {axis} of input {name!r} ({want}) is {got}, outside the program's bounds "
-            f"[{lo}, {hi}]. Export again with bounds={{{want!r}: ({min(got, lo)}, {max(got, hi or got)})}} to accept it."
-        )
+        msg = f"{program}: axis {axis} of input {name!r} ({want}) is {got}, outside the program's bounds [{lo}, {hi}]. "
+        asked_lo, asked_hi = io.declared_bounds.get(want, (lo, hi))
+        if asked_lo <= got and (asked_hi is None or got <= asked_hi):
+            msg += (f"It was exported with [{asked_lo}, {asked_hi}]; torch.export narrowed that while tracing the "
+                    f"model's code, which branches on or reshapes by this size at the capture's size. Capture "
+                    f"inputs of size {got} to export a program for it.")
+        else:
+            msg += f"Export again with bounds={{{want!r}: ({min(got, lo)}, {max(got, hi or got)})}} to accept it."
         raise InputError(msg)
 
 

@@ -89,7 +89,10 @@ class IoSpec:
     after the ``out_spec`` leaves, and the call copies them back.
     ``constant_outputs`` are the ``(leaf index, value)`` of output leaves that
     are not tensors (``None``): no graph returns them, the call puts them back
-    (``hfx._export.constant_outputs``).
+    (``hfx._export.constant_outputs``). ``declared_bounds`` holds, for each dim
+    whose ``bounds`` torch.export narrowed while tracing the model's code (a
+    branch or a view on that size, taken at the capture's size), the bounds it
+    was exported with.
     """
 
     inputs: tuple[TensorSpec, ...] = attrs.field(converter=tuple)
@@ -101,6 +104,7 @@ class IoSpec:
     updates: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     constant_outputs: tuple[tuple[int, Any], ...] = attrs.field(
         default=(), converter=lambda pairs: tuple((int(i), _json_constant(v)) for i, v in pairs))
+    declared_bounds: Mapping[str, tuple[int, int | None]] = attrs.field(factory=dict, converter=readonly)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -123,6 +127,7 @@ class IoSpec:
             "bounds": {k: list(v) for k, v in self.bounds.items()},
             "updates": list(self.updates),
             "constant_outputs": [list(pair) for pair in self.constant_outputs],
+            "declared_bounds": {k: list(v) for k, v in self.declared_bounds.items()},
         }
 
     @classmethod
@@ -137,6 +142,7 @@ class IoSpec:
             bounds={k: tuple(v) for k, v in data["bounds"].items()},
             updates=data.get("updates", ()),
             constant_outputs=data.get("constant_outputs", ()),
+            declared_bounds={k: tuple(v) for k, v in data.get("declared_bounds", {}).items()},
         )
 
 

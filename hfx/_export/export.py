@@ -70,12 +70,12 @@ def exported_from_flat(flat: Capture, shapes: DynamicShapes, patches: tuple[Patc
     """The ``Exported`` record of a flat capture traced under ``patches`` with ``shapes``: ``export`` once its
     options are read (a new program on every call)."""
     with registered_caches(cache_classes(flat.source)):  # io_spec and module() walk cache outputs
-        program, shapes = _export_refining(flat, shapes, patches)
-        io = io_spec(program, flat, shapes)
+        program, refined = _export_refining(flat, shapes, patches)
+        io = io_spec(program, flat, refined, declared=with_span_bounds(shapes, dim_sizes(flat.kwargs, shapes)))
         return Exported(
             program=without_constant_outputs(program),
             io=io,
-            dynamic_shapes=shapes,
+            dynamic_shapes=refined,
             name=flat.name,
             source_class=type(flat.source).__name__,
         )
@@ -104,10 +104,11 @@ def _export_refining(
     # A growing cache's concatenation leaves a guard torch cannot prove (below): keep such guards as asserts at once.
     declared, deferred = shapes, "past_sequence" in shapes.bounds
     shapes = with_span_bounds(shapes, dim_sizes(flat.kwargs, shapes))
+    traced = traced_minimums(shapes)
     for _ in range(_MAX_REFINEMENTS + 2):
         try:
-            program = _torch_export(flat, shapes, patches, deferred=deferred, declared=declared)
-            return program, _with_lower_bounds(shapes, declared)
+            program = _torch_export(flat, shapes, patches, deferred=deferred, declared=declared, traced=traced)
+            return program, _with_lower_bounds(shapes, declared, traced)
         except torch._dynamo.exc.UserError as exc:  # noqa: SLF001 - the only type constraint violations have
             refined = refine(shapes, str(exc))
             if refined is not None and refined != shapes:
@@ -163,7 +164,8 @@ def with_span_bounds(shapes: DynamicShapes, sizes: Mapping[str, int]) -> Dynamic
 
 
 def _torch_export(
-    flat: Capture, shapes: DynamicShapes, patches: tuple[Patch, ...], *, deferred: bool, declared: DynamicShapes
+    flat: Capture, shapes: DynamicShapes, patches: tuple[Patch, ...], *, deferred: bool, declared: DynamicShapes,
+    traced: Mapping[str, int],
 ) -> torch.export.ExportedProgram:
     kwargs = widen_unit_axes(shapes, flat.kwargs)
     with with_patches(*patches), torch.no_grad():
@@ -171,7 +173,7 @@ def _torch_export(
             flat.module, (), kwargs, dynamic_shapes=to_torch(shapes, kwargs), strict=False,
             prefer_deferred_runtime_asserts_over_guards=deferred,
         )
-        _restore_lower_bounds(program, flat.kwargs, shapes, declared)
+        _restore_lower_bounds(program, flat.kwargs, shapes, declared, traced)
     if deferred:
         # Guards on input sizes kept as asserts assume the traced sizes (a dim traced at 2 is not 1) and refuse
         # sizes the declared bounds allow; hfx checks inputs against those bounds. Data-dependent checks stay.
@@ -179,28 +181,50 @@ def _torch_export(
     return without_unused_weights(program)
 
 
-def _with_lower_bounds(shapes: DynamicShapes, declared: DynamicShapes) -> DynamicShapes:
-    """``shapes`` with each dim's declared minimum (see ``_restore_lower_bounds``)."""
-    bounds = {name: (declared.bounds.get(name, (lo, hi))[0], hi) for name, (lo, hi) in shapes.bounds.items()}
+def traced_minimums(shapes: DynamicShapes) -> dict[str, int]:
+    """Each dim's minimum that tracing alone makes torch assume: 2 (torch.export specialises 0 and 1), or more
+    for a mask spanning two such dims (``with_span_bounds``: its lower bound in ``shapes``).
+
+    Example:
+        >>> traced_minimums(DynamicShapes(axes={}, bounds={"sequence": (1, 9), "total_sequence": (4, 9)}))
+        {'sequence': 2, 'total_sequence': 4}
+    """
+    return {name: max(_TRACED_MIN, lo) for name, (lo, _) in shapes.bounds.items()}
+
+
+def _declared_minimum(name: str, lower: int, declared: DynamicShapes, traced: Mapping[str, int]) -> int:
+    """The minimum a dim keeps: the declared one when ``lower`` (torch's) is only what tracing assumed, else
+    ``lower``, which the model's own code set (DeepSeek-V4 compresses every 4 tokens only when there are 4)."""
+    return declared.bounds.get(name, (lower, None))[0] if lower <= traced.get(name, _TRACED_MIN) else lower
+
+
+def _with_lower_bounds(shapes: DynamicShapes, declared: DynamicShapes, traced: Mapping[str, int]) -> DynamicShapes:
+    """``shapes`` with each dim's declared minimum where tracing alone raised it (see ``_restore_lower_bounds``)."""
+    bounds = {name: (_declared_minimum(name, lo, declared, traced), hi) for name, (lo, hi) in shapes.bounds.items()}
     return DynamicShapes(axes=shapes.axes, bounds=bounds)
 
 
 def _restore_lower_bounds(
-    program: torch.export.ExportedProgram, kwargs: Mapping[str, Any], shapes: DynamicShapes, declared: DynamicShapes
+    program: torch.export.ExportedProgram, kwargs: Mapping[str, Any], shapes: DynamicShapes, declared: DynamicShapes,
+    traced: Mapping[str, int],
 ) -> None:
-    """Give each dim back the lower bound it was declared with.
+    """Give each dim back the lower bound it was declared with, where tracing alone raised it.
 
     Tracing on sizes >= 2 (``widen_unit_axes``) lets torch assume every dim is
     at least 2 and derive larger minimums (a decode mask ``>= 4``); the graph
     computes the same function for 0 and 1, which the tests check at those
-    sizes, so the program accepts the declared range.
+    sizes, so the program accepts the declared range. A larger minimum comes
+    from the model's code, a branch on the size taken at the capture's size
+    (``traced_minimums``), and stays: below it the graph is not the model's.
     """
     from torch.utils._sympy.value_ranges import ValueRanges
 
     for symbol, name in _symbol_names(program, kwargs, shapes).items():
         current = program.range_constraints.get(symbol)
-        lower = declared.bounds.get(name, shapes.bounds.get(name, (1, None)))[0]
-        if current is not None and int(current.lower) > lower:
+        if current is None:
+            continue
+        lower = _declared_minimum(name, int(current.lower), declared, traced)
+        if lower < int(current.lower):
             program._range_constraints[symbol] = ValueRanges(lower, current.upper)  # noqa: SLF001
 
 
@@ -213,8 +237,10 @@ def _capture_error(flat: Capture, exc: BaseException) -> CaptureError:
     return CaptureError(describe("export", flat.source, flat.name, f"torch.export failed: {first}.", todo))
 
 
-def io_spec(program: torch.export.ExportedProgram, flat: Capture, shapes: DynamicShapes) -> IoSpec:
-    """The calling contract of ``program``: flat inputs and outputs with named dims, specs and bounds."""
+def io_spec(program: torch.export.ExportedProgram, flat: Capture, shapes: DynamicShapes,
+            declared: DynamicShapes | None = None) -> IoSpec:
+    """The calling contract of ``program``: flat inputs and outputs with named dims, specs and bounds (and the
+    ``declared`` bounds of the dims whose range the trace narrowed)."""
     symbols = _symbol_names(program, flat.kwargs, shapes)
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     inputs = [_tensor_spec(name, placeholders[user].meta["val"], symbols) for name, user in _user_inputs(program, flat.kwargs)]
@@ -238,7 +264,22 @@ def io_spec(program: torch.export.ExportedProgram, flat: Capture, shapes: Dynami
         bounds=bounds,
         updates=[spec.name for spec, user in zip(inputs, program.graph_signature.user_inputs) if user in written],
         constant_outputs=constant_outputs(program),
+        declared_bounds=narrowed_from(bounds, declared.bounds if declared is not None else {}),
     )
+
+
+def narrowed_from(bounds: Mapping[str, tuple[int, int | None]],
+                  declared: Mapping[str, tuple[int, int | None]]) -> dict[str, tuple[int, int | None]]:
+    """The ``declared`` bounds of each dim whose ``bounds`` are narrower.
+
+    Example:
+        >>> narrowed_from({"sequence": (4, 7), "batch": (1, None)}, {"sequence": (1, 512), "batch": (1, None)})
+        {'sequence': (1, 512)}
+    """
+    def narrower(now: tuple[int, int | None], asked: tuple[int, int | None]) -> bool:
+        return now[0] > asked[0] or (now[1] is not None and (asked[1] is None or now[1] < asked[1]))
+
+    return {name: tuple(declared[name]) for name, now in bounds.items() if name in declared and narrower(now, declared[name])}
 
 
 def _written_inputs(program: torch.export.ExportedProgram) -> set[str]:

@@ -35,7 +35,8 @@ def dense_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, to
 
     The same function as transformers' ``grouped_mm_experts_forward`` with static shapes: the tokens
     tiled over the experts, one batched matmul per projection, the outputs scaled by the dense
-    routing weights (zero where a token is not routed) and summed over the experts. It computes
+    routing weights (zero where a token is not routed, the sum of its slots' weights where it is) and summed
+    over the experts. It computes
     ``num_experts / top_k`` times the routed arithmetic, but its memory grows with tokens x experts
     x intermediate size only (``batched_mm`` gathers a weight matrix per token). Handles the
     decorator's variants: gated or not, biases, transposed weights, a class's own ``_apply_gate``
@@ -52,7 +53,9 @@ def dense_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, to
     if self.has_post_expert_norm:
         projected = self.post_expert_norm(projected)
     routing = torch.zeros(num_tokens, self.num_experts, dtype=top_k_weights.dtype, device=hidden_states.device)
-    routing = routing.scatter(1, top_k_index, top_k_weights)  # (T, E)
+    # Added, not written: a token routed twice to one expert (DeepSeek-V4's hash routing reads its slots from a
+    # table) gets both weights, as transformers' loop over the slots gives it.
+    routing = routing.scatter_add(1, top_k_index, top_k_weights)  # (T, E)
     return (projected * routing.transpose(0, 1)[..., None]).sum(dim=0).to(hidden_states.dtype)
 
 

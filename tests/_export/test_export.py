@@ -129,6 +129,34 @@ def test_exported_rejects_sizes_beyond_bounds(exported):
         exported("llama")(**too_long)
 
 
+class _Windows(torch.nn.Module):
+    """Sums each full window of 4 tokens, only when there is one (DeepSeek-V4's KV compressor does so)."""
+
+    def forward(self, inputs_embeds):
+        usable = inputs_embeds.shape[1] // 4 * 4
+        chunk = inputs_embeds[:, :usable]
+        if chunk.shape[1] > 0:
+            return chunk.reshape(inputs_embeds.shape[0], -1, 4, inputs_embeds.shape[2]).sum(2)
+        return inputs_embeds[:, :0]
+
+
+def test_a_minimum_the_models_code_sets_is_kept_and_a_refusal_names_the_declared_bounds():
+    model = _Windows()
+    exported = hfx.export(hfx.capture({"inputs_embeds": torch.randn(2, 7, 3)}, model))
+    # The branch holds from 4 tokens on; below, the graph is not the model's (a minimum of 2 from tracing
+    # alone is given back to the declared 1, as the other tests check).
+    assert exported.io.bounds["sequence"][0] == 4
+    assert dict(exported.io.declared_bounds) == {"sequence": (1, None)}
+    inside = torch.randn(3, 5, 3)
+    torch.testing.assert_close(exported(inputs_embeds=inside), model(inputs_embeds=inside), rtol=0, atol=0)
+    low, high = exported.io.bounds["sequence"]
+    for size in (3, high + 4):
+        with pytest.raises(hfx.InputError, match=rf"is {size}, outside .*\[{low}, {high}\]\. It was exported with "
+                                                 rf"\[1, None\]; torch.export narrowed .* Capture inputs of size {size}"):
+            exported(inputs_embeds=torch.randn(2, size, 3))
+    assert hfx.IoSpec.from_json(exported.io.to_json()) == exported.io
+
+
 def test_export_maps_over_components(models):
     parts = hfx.Components(items={"a": hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 1))})
     out = hfx.export(parts)

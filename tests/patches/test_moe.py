@@ -60,6 +60,19 @@ def test_dense_forward_equals_transformers_grouped_mm(config_name, extra):
     torch.testing.assert_close(got, want, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
 
 
+def test_a_token_routed_twice_to_one_expert_gets_both_weights_as_the_loop_gives():
+    # DeepSeek-V4's hash routing reads a token's slots from a table (tid2eid), which may name one expert twice.
+    experts = _experts("MixtralConfig", num_local_experts=4)
+    hidden, index, weights = _routing(tokens=9)
+    index[:, 1] = index[:, 0]  # both slots on one expert
+    with torch.no_grad():
+        want = experts(hidden, index, weights)  # grouped_mm: every (token, slot) pair
+        got = dense_experts_forward(experts, hidden, index, weights)
+        once = dense_experts_forward(experts, hidden, index[:, :1], weights[:, :1])
+    torch.testing.assert_close(got, want, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+    assert not torch.allclose(got, once)  # the second slot counts
+
+
 def test_is_a_no_op_without_experts():
     model = torch.nn.Linear(2, 2)
     with patch_dense_experts(model):
