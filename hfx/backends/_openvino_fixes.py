@@ -139,6 +139,48 @@ def power_by_products(graph: Any, /) -> None:
         graph.erase_node(node)
 
 
+def min_max_by_floordiv(graph: Any, /) -> None:
+    """Rewrite ``torch.sym_min``/``torch.sym_max`` of two sizes with ``+``, ``-``, ``*`` and ``//``.
+
+    A size clamped to another (HunYuan-V4's window, ``min(sequence, window)`` computed on
+    SymInts) stays in the exported graph as ``torch.sym_min``; OpenVINO 2026.4's PyTorch
+    frontend has no conversion rule for it ("No conversion rule found for operations:
+    <function sym_min ...>"). With ``d = a - b``, ``(d + _SPAN - 1) // _SPAN`` is 1 when
+    ``a > b`` and 0 otherwise for ``|d| < _SPAN`` (the dividend is never negative, so no
+    rounding direction is relied on); ``min = a - d * that``, ``max = b + d * that``.
+    Delete when the frontend converts ``sym_min`` and ``sym_max``.
+    """
+    import torch
+
+    kinds = {torch.sym_min: operator.sub, torch.sym_max: operator.add}
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target in kinds]:
+        left, right = node.args
+        if not all(_is_size(value) for value in (left, right)):
+            continue
+        with graph.inserting_before(node):
+            difference = _sym_node(graph, operator.sub, left, right)
+            greater = _sym_node(graph, operator.floordiv, _sym_node(graph, operator.add, difference, _SPAN - 1), _SPAN)
+            step = _sym_node(graph, operator.mul, difference, greater)
+            result = _sym_node(graph, kinds[node.target], *((left, step) if node.target is torch.sym_min else (right, step)))
+        result.meta.update(node.meta)
+        node.replace_all_uses_with(result)
+        graph.erase_node(node)
+
+
+# More than any difference of two sizes the graph compares (min_max_by_floordiv), and exact in OpenVINO's
+# floordiv: with 2**30 its converted graph kept the larger size (measured, OpenVINO 2026.4.1), with 2**24 it is
+# exact for every difference below 2**24, whether the division runs on integers or float32.
+_SPAN = 1 << 24
+
+
+def _is_size(value: Any) -> bool:
+    """``value`` is an int or a node computing one (a SymInt)."""
+    import torch
+
+    value = value.meta.get("val") if hasattr(value, "meta") else value
+    return isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
+
+
 # Powers written out as products up to this exponent (a size squared or cubed; larger ones stay as they are).
 _MAX_POWER = 4
 
@@ -191,5 +233,6 @@ OV_GRAPH_FIXES: tuple[OvGraphFix, ...] = (
     negate_by_multiplying,
     mod_by_floordiv,
     power_by_products,
+    min_max_by_floordiv,
     separate_outputs,
 )

@@ -19,6 +19,7 @@ from hfx.backends import OV_GRAPH_FIXES  # noqa: E402
 from hfx.backends._openvino import lower_to_ov  # noqa: E402
 from hfx.backends._openvino_fixes import (  # noqa: E402
     drop_empty_cat_operands,
+    min_max_by_floordiv,
     mod_by_floordiv,
     power_by_products,
     negate_by_multiplying,
@@ -90,6 +91,36 @@ def test_without_mod_by_floordiv_size_arithmetic_still_fails(padded):
     """Canary, and the option honoured: when this fails, OpenVINO converts ``operator.mod`` and the fix can go."""
     with pytest.raises(hfx.LoweringError, match="No conversion rule found for operations: <built-in function mod>"):
         lower_to_ov(padded, graph_fixes=_without(mod_by_floordiv))
+
+
+class _Clamped(torch.nn.Module):
+    """The first 6 columns and the last 6, as HunYuan-V4 clamps a size to its window: ``torch.sym_min`` and
+    ``torch.sym_max`` on a dynamic size."""
+
+    def forward(self, x):
+        return x[:, :torch.sym_min(x.shape[1], 6)] * 2, x[:, torch.sym_max(x.shape[1] - 6, 0):] + 1
+
+
+@pytest.fixture(scope="module")
+def clamped():
+    shapes = hfx.DynamicShapes(axes={"x": {0: "batch", 1: "width"}}, bounds={"batch": (1, 8), "width": (2, 64)})
+    return hfx.export(hfx.capture({"x": torch.randn(2, 5)}, _Clamped(), dynamic_shapes=shapes))
+
+
+def test_a_size_clamped_with_sym_min_and_sym_max_converts(clamped):
+    kinds = {torch.sym_min, torch.sym_max}
+    assert kinds <= {node.target for node in clamped.program.graph.nodes}
+    program = lower_to_ov(clamped)
+    for width in (3, 6, 7, 11, 64):  # below, at and above the clamp
+        x = torch.randn(3, width)
+        for got, want in zip(program(x=x), _Clamped()(x)):
+            assert torch.equal(got, want)
+
+
+def test_without_min_max_by_floordiv_a_clamped_size_still_fails(clamped):
+    """Canary, and the option honoured: when this fails, OpenVINO converts ``sym_min``/``sym_max`` and the fix can go."""
+    with pytest.raises(hfx.LoweringError, match="No conversion rule found for operations: <function sym_m"):
+        lower_to_ov(clamped, graph_fixes=_without(min_max_by_floordiv))
 
 
 class _SquareView(torch.nn.Module):
