@@ -17,12 +17,14 @@ A rewrite (``PteRewrite``) changes an edge-dialect ``torch.fx.GraphModule`` in
 place and returns how many places it rewrote; ``lower_to_pte(rewrites=...)``
 runs them after ExecuTorch's edge conversion and before partitioning, and the
 program records the counts of those that fired in ``PteProgram.rewrites``. Each
-is exact (the same values, a reshape or the same mean over a reshaped tensor),
-leaves a graph without its pattern as it is, and can be left out on its own.
-Being exact, a rewrite left in place after XNNPACK takes the original form costs
-nothing but its pass; delete ``views_infer_their_symbolic_dim`` when XNNPACK's
-``view_copy`` config accepts a symbolic size, ``row_means_as_pooling`` when its
-``mean.dim`` config accepts any reduced dims.
+is exact (the same values, a reshape, the same mean over a reshaped tensor or
+the same maximum), leaves a graph without its pattern as it is, and can be left
+out on its own. Being exact, a rewrite left in place after XNNPACK takes the
+original form costs nothing but its pass; delete ``views_infer_their_symbolic_dim``
+when XNNPACK's ``view_copy`` config accepts a symbolic size, ``row_means_as_pooling``
+when its ``mean.dim`` config accepts any reduced dims. The third,
+``max_dims_xnnpack_serializes``, works around XNNPACK's ``max.dim`` errors rather than
+its refusals: without it such a graph fails or computes wrong values (its docstring).
 Nothing here imports executorch at import time.
 """
 
@@ -106,6 +108,53 @@ def row_means_as_pooling(graph_module: Any, /) -> int:
     return count
 
 
+def max_dims_xnnpack_serializes(graph_module: Any, /) -> int:
+    """Write ``max.dim`` over a 4D tensor in a form XNNPACK serializes right, or keep it from XNNPACK.
+
+    XNNPACK's partitioner takes ``max.dim`` over any dim of a 4D tensor
+    (``MaxDimConfig``) when only its values are used, but its serializer
+    (``operators/op_max_dim.py``) takes only a dim written ``2`` or ``3``: a row
+    maximum written ``dim=-1`` (HunYuan-V4's eager attention before its softmax)
+    failed the whole lowering ("amax.default only supports dim == 2 or dim == 3").
+    Written ``3``, a maximum over a derived dynamic size came out wrong: the
+    row maximum of attention scores with a sink column concatenated (``width +
+    1``, HunYuan-V4's and GPT-OSS's sinks) was 0.8 off eager's, at the capture's
+    sizes too (measured, executorch 1.5.1; over an input's own dynamic dim it was
+    right). So a static dim is written from the front (still delegated) and a
+    maximum over a dynamic dim becomes ``amax`` (ExecuTorch's portable kernel).
+    Unlike the rewrites above, leaving this one out fails such a graph or its
+    values; delete it when XNNPACK serializes negative dims and derived sizes.
+    """
+    import operator
+
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    count = 0
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != exir_ops.edge.aten.max.dim:
+            continue
+        value = node.args[0].meta["val"]
+        dim, keepdim = node.args[1] % max(value.dim(), 1), len(node.args) > 2 and bool(node.args[2])
+        values_only = all(user.target is operator.getitem and user.args[1] == 0 for user in node.users)
+        if value.dim() != 4 or not values_only:
+            continue
+        if isinstance(value.shape[dim], int):
+            if node.args[1] != dim:
+                node.args = (node.args[0], dim, *node.args[2:])
+                count += 1
+            continue
+        with graph.inserting_before(node):
+            maximum = graph.call_function(exir_ops.edge.aten.amax.default, (node.args[0], [dim], keepdim))
+            maximum.meta["val"] = value.amax(dim=dim, keepdim=keepdim)
+        for user in list(node.users):
+            user.replace_all_uses_with(maximum)
+            graph.erase_node(user)
+        graph.erase_node(node)
+        count += 1
+    return count
+
+
 def as_edge_passes(rewrites: Sequence[PteRewrite], counts: dict[str, int]) -> list[Callable[[Any], Any]]:
     """``rewrites`` as ExecuTorch transform passes; each adds the places it rewrote to ``counts`` by its name."""
     from executorch.exir.pass_base import PassResult
@@ -126,4 +175,5 @@ def as_edge_passes(rewrites: Sequence[PteRewrite], counts: dict[str, int]) -> li
 
 # The rewrites ``lower_to_pte`` runs by default, in order. Read, extend or replace:
 # ``lower_to_pte(rewrites=(*XNNPACK_REWRITES, my_rewrite))``; ``()`` runs none.
-XNNPACK_REWRITES: tuple[PteRewrite, ...] = (views_infer_their_symbolic_dim, row_means_as_pooling)
+XNNPACK_REWRITES: tuple[PteRewrite, ...] = (views_infer_their_symbolic_dim, row_means_as_pooling,
+                                          max_dims_xnnpack_serializes)

@@ -13,7 +13,11 @@ pytest.importorskip("executorch")
 
 import hfx  # noqa: E402
 from hfx.backends import XNNPACK_REWRITES  # noqa: E402
-from hfx.backends._executorch_rewrites import row_means_as_pooling, views_infer_their_symbolic_dim  # noqa: E402
+from hfx.backends._executorch_rewrites import (  # noqa: E402
+    max_dims_xnnpack_serializes,
+    row_means_as_pooling,
+    views_infer_their_symbolic_dim,
+)
 from tests.tolerances import FP32_ONE_BLOCK  # noqa: E402
 
 
@@ -75,6 +79,71 @@ def test_lowering_with_the_rewrites_keeps_parity_and_moves_the_ops_into_xnnpack(
 
 
 def test_the_rewrites_are_a_tuple_of_callables():
-    assert XNNPACK_REWRITES == (views_infer_their_symbolic_dim, row_means_as_pooling)
+    assert XNNPACK_REWRITES == (views_infer_their_symbolic_dim, row_means_as_pooling, max_dims_xnnpack_serializes)
     with pytest.raises(TypeError, match="lower_to_pte: rewrites"):
         hfx.lower_to_pte(_capture(), rewrites=[1])
+
+
+class RowMaximum(torch.nn.Module):
+    """``x [b, 2, s, w]`` minus its row maximum over the last dim, written ``dim=-1`` (an eager softmax's first step)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.max(dim=-1, keepdim=True).values
+
+
+class SinkSoftmax(torch.nn.Module):
+    """Attention sinks as HunYuan-V4 and GPT-OSS write them: a column per head concatenated to the scores, the row
+    maximum subtracted, a softmax, the column dropped. The maximum is over ``width + 1``, a derived dynamic size."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.sinks, self.dim = torch.nn.Parameter(torch.randn(2)), dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sinks = self.sinks.reshape(1, -1, 1, 1).expand(x.shape[0], -1, x.shape[-2], -1)
+        combined = torch.cat([x, sinks], dim=-1)
+        combined = combined - combined.max(dim=self.dim, keepdim=True).values
+        return torch.softmax(combined, dim=-1)[..., :-1]
+
+
+def _row_max_export(module: torch.nn.Module, *, dynamic_width: bool) -> hfx.Exported:
+    axes = {0: "batch", 2: "sequence", **({3: "width"} if dynamic_width else {})}
+    bounds = {"batch": (1, 4), "sequence": (1, 16), **({"width": (2, 16)} if dynamic_width else {})}
+    shapes = hfx.DynamicShapes(axes={"x": axes}, bounds=bounds)
+    return hfx.export(hfx.capture({"x": torch.randn(2, 2, 5, 6)}, module, dynamic_shapes=shapes))
+
+
+def test_a_row_maximum_over_a_static_last_dim_stays_in_xnnpack_written_from_the_front():
+    program = hfx.lower_to_pte(_row_max_export(RowMaximum(), dynamic_width=False))
+    assert dict(program.rewrites)["max_dims_xnnpack_serializes"] == 1 and "aten::amax" not in program.operators
+    for size in ((3, 2, 9, 6), (1, 2, 2, 6)):
+        x = torch.randn(*size)
+        torch.testing.assert_close(program(x=x), RowMaximum()(x), atol=0, rtol=0)
+
+
+def test_a_row_maximum_over_a_derived_dynamic_dim_runs_as_amax_with_eagers_values():
+    torch.manual_seed(0)
+    module = SinkSoftmax()
+    program = hfx.lower_to_pte(_row_max_export(module, dynamic_width=True))
+    assert dict(program.rewrites)["max_dims_xnnpack_serializes"] == 1 and "aten::amax" in program.operators
+    for size in ((2, 2, 5, 6), (3, 2, 9, 11), (1, 2, 2, 3)):
+        x = torch.randn(*size)
+        torch.testing.assert_close(program(x=x), module(x), atol=FP32_ONE_BLOCK, rtol=FP32_ONE_BLOCK)
+
+
+_WITHOUT_MAX_DIMS = tuple(r for r in XNNPACK_REWRITES if r is not max_dims_xnnpack_serializes)
+
+
+def test_without_the_rewrite_a_row_maximum_written_minus_one_still_fails():
+    """Canary, and the option honoured: when this lowers, XNNPACK serializes dim -1 and that branch can go."""
+    with pytest.raises(hfx.LoweringError, match="amax.default only supports dim == 2 or dim == 3"):
+        hfx.lower_to_pte(_row_max_export(RowMaximum(), dynamic_width=False), rewrites=_WITHOUT_MAX_DIMS)
+
+
+def test_without_the_rewrite_xnnpack_still_gets_a_maximum_over_a_derived_dynamic_dim_wrong():
+    """Canary: when XNNPACK's maximum over ``width + 1`` is right, the amax branch can go."""
+    torch.manual_seed(0)
+    module = SinkSoftmax(dim=3)  # written from the front, which XNNPACK serializes
+    program = hfx.lower_to_pte(_row_max_export(module, dynamic_width=True), rewrites=_WITHOUT_MAX_DIMS)
+    x = torch.randn(2, 2, 5, 6)  # even at the capture's sizes
+    assert (program(x=x) - module(x)).abs().max() > 0.1
