@@ -43,6 +43,7 @@ from hfx.backends._common import (
     require,
 )
 from hfx.backends._openvino_fixes import OV_GRAPH_FIXES, OvGraphFix
+from hfx.backends._openvino_probes import snippets_miscompute_zeroed_attention
 from hfx.backends._openvino_stateful import stateful_io, stateful_model
 from hfx._serial import one_at_a_time
 
@@ -208,12 +209,17 @@ def _fed_inputs(model: Any, io: IoSpec) -> tuple[int, ...]:
     return tuple(position[port.get_any_name()] for port in model.inputs)
 
 
-def compile_options(*, stateful: bool, threads: int | None = None) -> dict[str, str]:
+def compile_options(*, stateful: bool, threads: int | None = None, device: str = "CPU") -> dict[str, str]:
     """``COMPILE_OPTIONS`` (``STATEFUL_COMPILE_OPTIONS`` for a stateful model) on ``threads`` threads with the
-    latency hint, and the workaround below if needed."""
+    latency hint, and the workarounds below where the CPU needs them."""
     options = dict(STATEFUL_COMPILE_OPTIONS if stateful else COMPILE_OPTIONS)
     if threads is not None:
         options |= {"INFERENCE_NUM_THREADS": str(threads), "PERFORMANCE_HINT": "LATENCY"}
+    if device == "CPU" and not stateful and snippets_miscompute_zeroed_attention():
+        # Workaround (OpenVINO 2026.4.1, probed on this CPU): the plugin's snippets compute hfx's zeroed-row
+        # attention wrong from a head size of 128 (_openvino_probes). A stateful model's attention runs in the
+        # plugin's own cache-fused node (a 128-wide Llama gave eager's tokens), so it keeps its snippets.
+        options["SNIPPETS_MODE"] = "DISABLE"
     if onednn_capped_below_vnni():
         # Workaround (OpenVINO 2026.4.1, measured): with ONEDNN_MAX_CPU_ISA capped below VNNI on a VNNI CPU the
         # plugin still picks its int8 dynamic-quantization kernels for compressed weights from the CPU, and the
@@ -228,7 +234,7 @@ def _compile(program: OvProgram) -> Any:
     try:
         # Thread count and hint are CPU plugin properties; other devices (GPU, NPU) keep their own.
         threads = program.threads if program.device == "CPU" else None
-        options = compile_options(stateful=bool(program.state), threads=threads)
+        options = compile_options(stateful=bool(program.state), threads=threads, device=program.device)
         return _core().compile_model(program.model, program.device, options)
     except Exception as exc:  # OpenVINO's errors derive from Exception, not RuntimeError
         what = f"OpenVINO could not compile the model for device {program.device!r}: {_gist(exc)}."

@@ -244,3 +244,52 @@ def test_an_image_encoder_whose_sizes_input_only_torchs_guards_read_converts():
     program = lower_to_ov(exported)
     got, want = program(**encoder.kwargs), exported(**encoder.kwargs)
     torch.testing.assert_close(dict(got), dict(want), rtol=0, atol=FP32_PARITY)
+
+
+def _wide_head_llama() -> tuple[torch.nn.Module, hfx.Exported]:
+    """A one-layer Llama with 4 heads of 128 (the size of Llama 3 8B's heads), exported at 2 x 7."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=512, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (2, 7))
+    return model, hfx.export(hfx.capture({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, model))
+
+
+def test_attention_with_128_wide_heads_gives_eagers_logits_on_this_cpu():
+    from hfx.backends._openvino import compile_options
+    from hfx.backends._openvino_probes import snippets_miscompute_zeroed_attention
+
+    model, exported = _wide_head_llama()
+    program = lower_to_ov(exported)
+    # Snippets are off exactly where the probe finds them computing this attention wrong, and not for the
+    # stateful form, whose attention runs in the plugin's cache-fused node.
+    assert ("SNIPPETS_MODE" in compile_options(stateful=False)) is snippets_miscompute_zeroed_attention()
+    assert "SNIPPETS_MODE" not in compile_options(stateful=True)
+    assert "SNIPPETS_MODE" not in compile_options(stateful=False, device="GPU")
+    ids = torch.randint(0, 128, (3, 11))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding: rows that attend to nothing come out as zeros, as in eager
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(program(input_ids=ids, attention_mask=mask).logits, want, rtol=FP32_PARITY,
+                               atol=FP32_PARITY)
+
+
+def test_the_snippets_probe_agrees_with_the_llama_compiled_with_snippets():
+    """Canary both ways: the probe finds the fault exactly where the plugin's snippets get the Llama wrong; when an
+    OpenVINO release computes it right, the probe says so and the workaround goes away by itself."""
+    from hfx.backends._openvino_probes import snippets_miscompute_zeroed_attention
+
+    model, exported = _wide_head_llama()
+    program = lower_to_ov(exported)
+    with_snippets = openvino.Core().compile_model(program.model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    ids = torch.randint(0, 128, (2, 7))
+    request = with_snippets.create_infer_request()
+    request.infer({"input_ids": ids.numpy(), "attention_mask": torch.ones_like(ids).numpy()})
+    got = torch.from_numpy(request.get_output_tensor(0).data.copy())
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert (not torch.allclose(got, want, rtol=1e-3, atol=1e-3)) is snippets_miscompute_zeroed_attention()
