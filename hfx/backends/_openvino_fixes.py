@@ -139,6 +139,23 @@ def power_by_products(graph: Any, /) -> None:
         graph.erase_node(node)
 
 
+def index_add_with_alpha(graph: Any, /) -> None:
+    """Write out ``aten.index_add``'s ``alpha`` where the graph leaves it at its default.
+
+    JetMoE's experts scatter their outputs back with ``zeros.index_add(0, index, outputs)``;
+    the exported node has four arguments, and OpenVINO 2026.4's PyTorch frontend reads five
+    ("Got less inputs 4 than expected 5", "Conversion is failed for: aten.index_add.default").
+    ``alpha=1`` is the default, so the node computes the same. Delete when the frontend
+    reads the default.
+    """
+    import torch
+
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.index_add.default and len(node.args) == 4:
+            node.args = (*node.args, node.kwargs.get("alpha", 1))
+            node.kwargs = {key: value for key, value in node.kwargs.items() if key != "alpha"}
+
+
 def min_max_by_floordiv(graph: Any, /) -> None:
     """Rewrite ``torch.sym_min``/``torch.sym_max`` of two sizes with ``+``, ``-``, ``*`` and ``//``.
 
@@ -234,5 +251,6 @@ OV_GRAPH_FIXES: tuple[OvGraphFix, ...] = (
     mod_by_floordiv,
     power_by_products,
     min_max_by_floordiv,
+    index_add_with_alpha,
     separate_outputs,
 )

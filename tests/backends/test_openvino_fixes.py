@@ -19,6 +19,7 @@ from hfx.backends import OV_GRAPH_FIXES  # noqa: E402
 from hfx.backends._openvino import lower_to_ov  # noqa: E402
 from hfx.backends._openvino_fixes import (  # noqa: E402
     drop_empty_cat_operands,
+    index_add_with_alpha,
     min_max_by_floordiv,
     mod_by_floordiv,
     power_by_products,
@@ -121,6 +122,33 @@ def test_without_min_max_by_floordiv_a_clamped_size_still_fails(clamped):
     """Canary, and the option honoured: when this fails, OpenVINO converts ``sym_min``/``sym_max`` and the fix can go."""
     with pytest.raises(hfx.LoweringError, match="No conversion rule found for operations: <function sym_m"):
         lower_to_ov(clamped, graph_fixes=_without(min_max_by_floordiv))
+
+
+class _ScatterBack(torch.nn.Module):
+    """Rows added back to their places, as JetMoE's experts return their outputs: ``index_add`` without ``alpha``."""
+
+    def forward(self, x, index):
+        return torch.zeros(4, x.shape[1]).index_add(0, index, x * 2)
+
+
+@pytest.fixture(scope="module")
+def scattered():
+    shapes = hfx.DynamicShapes(axes={"x": {0: "rows"}, "index": {0: "rows"}}, bounds={"rows": (1, 16)})
+    inputs = {"x": torch.randn(5, 3), "index": torch.tensor([0, 3, 3, 1, 0])}
+    return hfx.export(hfx.capture(inputs, _ScatterBack(), dynamic_shapes=shapes))
+
+
+def test_index_add_without_alpha_converts(scattered):
+    program = lower_to_ov(scattered)
+    for rows in (2, 9):
+        x, index = torch.randn(rows, 3), torch.randint(0, 4, (rows,))
+        torch.testing.assert_close(program(x=x, index=index), _ScatterBack()(x, index), rtol=1e-6, atol=1e-6)
+
+
+def test_without_index_add_with_alpha_index_add_still_fails(scattered):
+    """Canary, and the option honoured: when this converts, OpenVINO reads index_add's default alpha."""
+    with pytest.raises(hfx.LoweringError, match="Conversion is failed for: aten.index_add.default"):
+        lower_to_ov(scattered, graph_fixes=_without(index_add_with_alpha))
 
 
 class _SquareView(torch.nn.Module):
