@@ -70,8 +70,9 @@ def exported_from_flat(flat: Capture, shapes: DynamicShapes, patches: tuple[Patc
     """The ``Exported`` record of a flat capture traced under ``patches`` with ``shapes``: ``export`` once its
     options are read (a new program on every call)."""
     with registered_caches(cache_classes(flat.source)):  # io_spec and module() walk cache outputs
-        program, refined = _export_refining(flat, shapes, patches)
-        io = io_spec(program, flat, refined, declared=with_span_bounds(shapes, dim_sizes(flat.kwargs, shapes)))
+        asked = with_span_bounds(shapes, dim_sizes(flat.kwargs, shapes))
+        program, refined = _export_refining(flat, shapes, asked, patches)
+        io = io_spec(program, flat, refined, declared=asked)
         return Exported(
             program=without_constant_outputs(program),
             io=io,
@@ -92,9 +93,10 @@ def _checked_patches(patches: Any) -> tuple[Patch, ...]:
 
 @one_at_a_time
 def _export_refining(
-    flat: Capture, shapes: DynamicShapes, patches: tuple[Patch, ...]
+    flat: Capture, declared: DynamicShapes, asked: DynamicShapes, patches: tuple[Patch, ...]
 ) -> tuple[torch.export.ExportedProgram, DynamicShapes]:
-    """Run torch.export, applying its suggested fixes when a dim marked dynamic turns out static.
+    """Run torch.export on ``asked`` (the ``declared`` shapes with ``with_span_bounds``), applying its suggested
+    fixes when a dim marked dynamic turns out static.
 
     A guard torch cannot prove over a dim's range but that holds for every
     valid size (``Min(16*p + 16, 32*p + 32) == 16*p + 16`` from a contiguity
@@ -102,8 +104,7 @@ def _export_refining(
     with such guards kept as runtime asserts in the graph.
     """
     # A growing cache's concatenation leaves a guard torch cannot prove (below): keep such guards as asserts at once.
-    declared, deferred = shapes, "past_sequence" in shapes.bounds
-    shapes = with_span_bounds(shapes, dim_sizes(flat.kwargs, shapes))
+    deferred, shapes = "past_sequence" in declared.bounds, asked
     traced = traced_minimums(shapes)
     for _ in range(_MAX_REFINEMENTS + 2):
         try:

@@ -135,10 +135,10 @@ def max_dims_xnnpack_serializes(graph_module: Any, /) -> int:
         if node.op != "call_function" or node.target != exir_ops.edge.aten.max.dim:
             continue
         value = node.args[0].meta["val"]
-        dim, keepdim = node.args[1] % max(value.dim(), 1), len(node.args) > 2 and bool(node.args[2])
         values_only = all(user.target is operator.getitem and user.args[1] == 0 for user in node.users)
         if value.dim() != 4 or not values_only:
             continue
+        dim, keepdim = node.args[1] % 4, len(node.args) > 2 and bool(node.args[2])
         if isinstance(value.shape[dim], int):
             if node.args[1] != dim:
                 node.args = (node.args[0], dim, *node.args[2:])

@@ -169,8 +169,7 @@ def min_max_by_floordiv(graph: Any, /) -> None:
     """
     import torch
 
-    kinds = {torch.sym_min: operator.sub, torch.sym_max: operator.add}
-    for node in [n for n in graph.nodes if n.op == "call_function" and n.target in kinds]:
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target in (torch.sym_min, torch.sym_max)]:
         left, right = node.args
         if not all(_is_size(value) for value in (left, right)):
             continue
@@ -178,7 +177,10 @@ def min_max_by_floordiv(graph: Any, /) -> None:
             difference = _sym_node(graph, operator.sub, left, right)
             greater = _sym_node(graph, operator.floordiv, _sym_node(graph, operator.add, difference, _SPAN - 1), _SPAN)
             step = _sym_node(graph, operator.mul, difference, greater)
-            result = _sym_node(graph, kinds[node.target], *((left, step) if node.target is torch.sym_min else (right, step)))
+            if node.target is torch.sym_min:
+                result = _sym_node(graph, operator.sub, left, step)
+            else:
+                result = _sym_node(graph, operator.add, right, step)
         result.meta.update(node.meta)
         node.replace_all_uses_with(result)
         graph.erase_node(node)

@@ -35,12 +35,11 @@ def dense_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, to
 
     The same function as transformers' ``grouped_mm_experts_forward`` with static shapes: the tokens
     tiled over the experts, one batched matmul per projection, the outputs scaled by the dense
-    routing weights (zero where a token is not routed, the sum of its slots' weights where it is) and summed
-    over the experts. It computes
-    ``num_experts / top_k`` times the routed arithmetic, but its memory grows with tokens x experts
-    x intermediate size only (``batched_mm`` gathers a weight matrix per token). Handles the
-    decorator's variants: gated or not, biases, transposed weights, a class's own ``_apply_gate``
-    and a post-expert norm.
+    routing weights (zero where a token is not routed, the sum of its slots' weights where it is) and
+    summed over the experts. It computes ``num_experts / top_k`` times the routed arithmetic, but its
+    memory grows with tokens x experts x intermediate size only (``batched_mm`` gathers a weight matrix
+    per token). Handles the decorator's variants: gated or not, biases, transposed weights, a class's
+    own ``_apply_gate`` and a post-expert norm.
     """
     num_tokens, hidden_dim = hidden_states.shape
     tiled = hidden_states.repeat(self.num_experts, 1).view(self.num_experts, num_tokens, hidden_dim)
