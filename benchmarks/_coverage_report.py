@@ -178,6 +178,11 @@ def generated_totals(cells: dict[str, Any]) -> list[str]:
         passed, counted = statuses.count("pass"), len([s for s in statuses if s != "n/a"])
         share = f" ({100.0 * passed / counted:.1f}%)" if counted else ""
         lines.append(f"* {tool}: **{passed} / {counted}** cells run pass{share}, {statuses.count('n/a')} n/a.")
+    behind = [key.removesuffix(",peer") for key, result in sorted(cells.items())
+              if key.endswith(",peer") and result["status"] == "pass"
+              and cells.get(key.removesuffix("peer") + "hfx", {}).get("status") != "pass"]
+    lines.append(f"* Cells the peer passes and hfx does not (or has not run): **{len(behind)}**"
+                 + (": " + ", ".join(f"`{key}`" for key in behind) if behind else "."))
     return lines
 
 

@@ -136,6 +136,15 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux, bytes on macOS
 
 
+def status_mb(field: str) -> float | None:
+    """One memory figure of ``/proc/self/status`` in MB (``VmRSS``, ``RssFile``, ...), None off Linux."""
+    status = Path("/proc/self/status")
+    if not status.is_file():
+        return None
+    line = next((line for line in status.read_text().splitlines() if line.startswith(f"{field}:")), None)
+    return None if line is None else int(line.split()[1]) / 1024
+
+
 def size_mb(path: Path) -> float:
     """Bytes under ``path`` (a file or a directory), in MB."""
     files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
@@ -502,11 +511,17 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     if args.child == "build":
         seconds = row.build(checkpoint, out)
         return {"stages": seconds, "threads": threads, "peak_rss_mb": peak_rss_mb(), "size_mb": size_mb(out)}
+    # The libraries are imported (pin_threads) and nothing is loaded: the runtime's own footprint.
+    footprint = status_mb("VmRSS")
     generate = row.open(checkpoint, out)
     prompt_sets = json.loads(Path(args.prompts).read_text())
-    runs = {batch: timings(functools.partial(generate, prompt), tokens=args.tokens, repeats=args.repeats)
-            for batch, prompt in prompt_sets.items() if row.batches is None or batch in row.batches}
-    return {"runs": runs, "threads": threads, "peak_rss_mb": peak_rss_mb()}
+    runs = {}
+    for batch, prompt in prompt_sets.items():  # batch 1 first, so its peak is its own
+        if row.batches is None or batch in row.batches:
+            runs[batch] = {**timings(functools.partial(generate, prompt), tokens=args.tokens, repeats=args.repeats),
+                           "peak_rss_mb": peak_rss_mb()}
+    return {"runs": runs, "threads": threads, "peak_rss_mb": peak_rss_mb(), "footprint_mb": footprint,
+            "file_rss_mb": status_mb("RssFile")}
 
 
 # --- the report -------------------------------------------------------------------------------------------
@@ -554,8 +569,10 @@ def table(results: Mapping[str, Any]) -> str:
             lines.append(
                 f"| {name} | {_cell(export)} | {_cell(prefill)} | {_ratio(prefill, eager_prefill)} | "
                 f"{_ratio(prefill, genai_prefill)} | {_cell(decode, 2)} | {_ratio(decode, eager_decode)} | "
-                f"{_ratio(decode, genai_decode)} | {_cell(row.get('peak_rss_mb'), 0)} | {_cell(row.get('size_mb'), 0)} | "
+                f"{_ratio(decode, genai_decode)} | {_cell(figure(name, 'peak_rss_mb') or row.get('peak_rss_mb'), 0)} | "
+                f"{_cell(row.get('size_mb'), 0)} | "
                 f"{'-' if same is None else 'yes' if same else 'no'} |")
+    lines += memory_table(results)
     seen = dict.fromkeys(stage for row in rows.values() for stage in row.get("stages") or {})
     stage_names = sorted(seen, key=lambda stage: STAGES.index(stage) if stage in STAGES else len(STAGES))
     lines += ["\nExport seconds per stage, and the peak RSS of the export process:\n",
@@ -567,6 +584,29 @@ def table(results: Mapping[str, Any]) -> str:
             lines.append(f"| {name} | {cells} | {_cell(sum(row['stages'].values()))} | "
                          f"{_cell(row.get('build_peak_rss_mb'), 0)} |")
     return "\n".join(lines).lstrip("\n")
+
+
+def memory_table(results: Mapping[str, Any]) -> list[str]:
+    """Markdown lines: per contender its footprint, each batch's peak RSS over it as a multiple of the weight bytes."""
+    rows, batches = results["contenders"], list(results["prompts"])
+    if not any(row.get("footprint_mb") is not None for row in rows.values()):
+        return []  # a run from before footprints were measured
+    weights_mb = results["model"]["weight_bytes"] / 2**20
+    lines = ["\nMemory while generating: the footprint is the run process's RSS with its libraries imported and "
+             "nothing loaded; (peak - footprint) / weights is the issue's measure (target 1.5); mapped is the "
+             "file-backed RSS at the end (weight files the runtime maps):\n",
+             "| contender | footprint MB | " + " | ".join(f"batch {b} peak MB | x weights" for b in batches)
+             + " | mapped MB |",
+             "|---|---:|" + "---:|---:|" * len(batches) + "---:|"]
+    for name, row in rows.items():
+        footprint = row.get("footprint_mb")
+        if footprint is None:
+            continue
+        peaks = [_figure(rows, batch, name, "peak_rss_mb") for batch in batches]
+        cells = [f"{_cell(peak, 0)} | {_cell(None if peak is None else (peak - footprint) / weights_mb, 2)}"
+                 for peak in peaks]
+        lines.append(f"| {name} | {_cell(footprint, 0)} | {' | '.join(cells)} | {_cell(row.get('file_rss_mb'), 0)} |")
+    return lines
 
 
 def header(results: Mapping[str, Any]) -> str:
@@ -716,10 +756,13 @@ def with_run(row: Mapping[str, Any], name: str, arguments: list[str], *, timeout
     runs = dict(row.get("runs", {}))
     for batch, run in ran["runs"].items():
         before = runs.get(batch, run)
-        runs[batch] = {**before, **{key: min(before[key], run[key]) for key in ("prefill_ms", "decode_ms")}}
+        runs[batch] = {**before, **{key: min(before[key], run[key]) for key in ("prefill_ms", "decode_ms", "peak_rss_mb")
+                                    if key in run}}
     print(f"{name}: {json.dumps({batch: {k: v for k, v in run.items() if k != 'tokens'} for batch, run in runs.items()})}",
           flush=True)
-    return {**row, "runs": runs, "threads": ran["threads"], "peak_rss_mb": max(row.get("peak_rss_mb") or 0, ran["peak_rss_mb"])}
+    memory = {key: ran[key] for key in ("footprint_mb", "file_rss_mb") if ran.get(key) is not None}
+    return {**row, **memory, "runs": runs, "threads": ran["threads"],
+            "peak_rss_mb": max(row.get("peak_rss_mb") or 0, ran["peak_rss_mb"])}
 
 
 if __name__ == "__main__":

@@ -39,6 +39,40 @@ def _cache_rule(name: str, owners: tuple[type, ...]) -> Mapping[int, str]:
     return {0: "batch"}
 
 
+# Config fields that give the feature count of one frame of ``input_features`` (mel bins, stacked features).
+_FEATURE_COUNTS = ("num_mel_bins", "feature_size", "input_feat_per_channel", "feature_projection_input_dim", "n_mels")
+
+
+def _config_ints(config: Any, names: tuple[str, ...]) -> set[int]:
+    """The int values of ``names`` in ``config`` and in its sub-configs (a speech encoder's ``encoder_config``)."""
+    found: set[int] = set()
+    for value in (getattr(config, name, None) for name in names):
+        if isinstance(value, int) and not isinstance(value, bool):
+            found.add(value)
+    for value in vars(config).values() if hasattr(config, "__dict__") else ():
+        if hasattr(value, "model_type") and hasattr(value, "to_dict"):
+            found |= _config_ints(value, names)
+    return found
+
+
+def feature_frames_axis(model: torch.nn.Module | None, shape: tuple[int, ...]) -> int:
+    """Which axis of 3D ``input_features`` counts frames: -1 for Whisper's ``[batch, bins, frames]``, 1 where
+    the model's config gives the last axis's size as its feature count (Speech2Text, Parakeet, Wav2Vec2-BERT,
+    SeamlessM4T: ``[batch, frames, features]``).
+
+    Example:
+        >>> import transformers
+        >>> model = transformers.Speech2TextModel(transformers.Speech2TextConfig(
+        ...     input_feat_per_channel=8, d_model=8, encoder_layers=1, decoder_layers=1,
+        ...     encoder_attention_heads=1, decoder_attention_heads=1, encoder_ffn_dim=8, decoder_ffn_dim=8,
+        ...     conv_channels=8, vocab_size=16))
+        >>> feature_frames_axis(model, (2, 72, 8)), feature_frames_axis(None, (2, 72, 8))
+        (1, -1)
+    """
+    counts = _config_ints(getattr(model, "config", None), _FEATURE_COUNTS)
+    return 1 if len(shape) == 3 and shape[-1] in counts and shape[1] not in counts else -1
+
+
 def _rule_for(name: str, owners: tuple[type, ...] = (), ndim: int = 2, aliases: Mapping[str, str] | None = None) -> Mapping[int, str] | None:
     if owners:
         return _cache_rule(name, owners)
@@ -163,6 +197,8 @@ def infer_dynamic_shapes(
     axes: dict[str, dict[int, str]] = {}
     for name, tensor, owners in ordered:
         rule = _rule_for(name, owners, tensor.ndim, aliases) or ({0: "batch"} if tensor.ndim and tensor.shape[0] == batch else {})
+        if rule.get(-1) == "frames":
+            rule = {0: "batch", feature_frames_axis(capture.source, tuple(tensor.shape)): "frames"}
         per_axis: dict[int, str] = {}
         for axis, dim in rule.items():
             if not -tensor.ndim <= axis < tensor.ndim or (tensor.shape[axis] == 0 and dim != "past_sequence"):

@@ -34,7 +34,11 @@ _GETTERS: Mapping[str, tuple[str | None, ...]] = {
     "get_vision_position_ids": ("position_ids",),
     "get_vision_attention_seqlens": ("cu_seqlens", None),  # max_seqlen: only flash attention reads it
     "get_vision_window_index": ("window_index", "cu_window_seqlens"),  # Qwen2.5-VL's windowed layers
+    # Qwen3-VL, Qwen3.5: the learned position table resampled to each image's grid, as per-patch taps
+    "get_vision_interpolation_indices_and_weights": ("interp_indices", "interp_weights"),
 }
+# The interpolation getter's arguments after ``grid_thw``, in order (transformers 5.22-5.24).
+_INTERPOLATION_OPTIONS = ("num_grid_per_side", "mode", "align_corners", "spatial_merge_size", "padding")
 
 
 @contextlib.contextmanager
@@ -75,6 +79,9 @@ def _options(name: str, args: tuple[Any, ...], options: Mapping[str, Any]) -> di
     if name == "get_vision_window_index":
         keys = ("spatial_merge_size", "window_size", "patch_size")
         return {key: int(options[key]) if key in options else int(args[index]) for index, key in enumerate(keys)}
+    if name == "get_vision_interpolation_indices_and_weights":
+        given = {**dict(zip(_INTERPOLATION_OPTIONS, args)), **options}
+        return {key: value for key, value in given.items() if key in _INTERPOLATION_OPTIONS}
     return {"merge_temporal": bool(options.get("merge_temporal", args[1] if len(args) > 1 else False))}
 
 
@@ -97,6 +104,9 @@ def computed_vision_inputs(recorded: Mapping[str, Mapping[str, Any]], grid_thw: 
             computed["position_ids"] = vision_utils.get_vision_position_ids(grid_thw, merge, **options)
         elif name == "get_vision_window_index":
             computed["window_index"], computed["cu_window_seqlens"] = vision_utils.get_vision_window_index(grid_thw, **options)
+        elif name == "get_vision_interpolation_indices_and_weights":
+            computed["interp_indices"], computed["interp_weights"] = (
+                vision_utils.get_vision_interpolation_indices_and_weights(grid_thw, **options))
         else:
             computed["cu_seqlens"] = vision_utils.get_vision_cu_seqlens(grid_thw, **options)
     return computed
@@ -239,7 +249,7 @@ def _packed_axis(key: str, modality: str) -> str:
         return f"{modality}_{key.removeprefix('cu_').replace('seqlens', 'boundaries')}"
     if key == "grid_thw":
         return f"{modality}_count"
-    return f"{modality}_patches" if key == "position_ids" else f"{modality}_{key}"
+    return f"{modality}_patches" if key in ("position_ids", "interp_indices", "interp_weights") else f"{modality}_{key}"
 
 
 def packed_input_axes(model: torch.nn.Module, inputs: Mapping[str, Any]) -> dict[str, dict[int, str]]:

@@ -242,7 +242,20 @@ def forward_inputs(name: str, config: Any, batch: int, sequence: int) -> dict[st
                                   find(config, "bos_token_id")) if is_int(v)), 0)
         ids[:, 0] = start
         values["decoder_input_ids"] = ids
+    if "image_grid_thw" in values and "input_ids" in values:
+        values.update(_packed_image_inputs(name, config, values))
     return values
+
+
+def _packed_image_inputs(name: str, config: Any, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What ``hfx.vision_inputs`` computes for a prompt with packed images (the Qwen2-VL family), as a user of a
+    whole-forward export passes them (docs/generation.md): M-RoPE positions, the tower's patch positions and
+    image boundaries. Computed on a weightless (``meta``) copy of the model."""
+    from hfx._capture.vision_inputs import vision_inputs
+
+    with torch.device("meta"):
+        model = model_class(name)(config)
+    return vision_inputs(model, dict(values))
 
 
 def entry_fields(name: str, /) -> Mapping[str, Any]:

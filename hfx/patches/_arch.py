@@ -19,7 +19,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from hfx.patches._core import Patch, swap_attr, swap_attr_on_each
+from hfx.patches._core import Patch, swap_attr, swap_attr_on_each, swap_item
 
 
 def always_interpolated_positions(self: torch.nn.Module, embeddings: torch.Tensor, height: int,
@@ -488,6 +488,37 @@ def patch_padding_mask_from_a_python_range(model: torch.nn.Module) -> Iterator[N
         yield
 
 
+def symbolic_len(obj: Any) -> Any:
+    """``len(obj)``, except that a tensor whose first axis is symbolic gives that ``SymInt`` rather than an int."""
+    if isinstance(obj, torch.Tensor) and obj.ndim and isinstance(obj.shape[0], torch.SymInt):
+        return obj.shape[0]
+    return len(obj)
+
+
+@contextlib.contextmanager
+def patch_tensor_len(model: torch.nn.Module) -> Iterator[None]:
+    """Keep a dynamic first axis dynamic through ``len(tensor)`` in the model's code.
+
+    Model pattern: ``batch_size = len(source_flatten)`` (RT-DETR, RT-DETRv2, D-FINE, DEIMv2 in
+    transformers 5.22-5.24). Python's ``len`` must return an int, so under non-strict
+    ``torch.export`` it specialises the batch to the traced size and the program refuses every
+    other batch. Only the modules that define the model's classes get a module-level ``len``
+    (``symbolic_len``: the tensor's ``shape[0]``, a ``SymInt`` where it is dynamic, else the
+    builtin), which Python finds before the builtin. Delete when torch.export traces ``len`` of a
+    tensor symbolically.
+
+    Args:
+        model: the model to export; only the modules of the classes it uses are patched.
+    """
+    modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
+    spaces = [vars(module) for module in modules
+              if module is not None and not module.__name__.startswith(("torch.", "hfx.")) and "len" not in vars(module)]
+    with contextlib.ExitStack() as stack:
+        for space in spaces:
+            stack.enter_context(swap_item(space, "len", symbolic_len))
+        yield
+
+
 def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     """Return the architecture patches for ``model``, bound to it (each a no-op where its pattern is absent).
 
@@ -497,13 +528,13 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Returns:
         ``patch_position_interpolation``, ``patch_latent_attention_keys``, ``patch_complex_rotary``,
         ``patch_real_fourier_mixing``, ``patch_funnel_positions``, ``patch_axial_positions`` and
-        ``patch_padding_mask_from_a_python_range`` bound to ``model``.
+        ``patch_padding_mask_from_a_python_range`` and ``patch_tensor_len`` bound to ``model``.
 
     Example:
         >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))][3:]
-        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range']
+        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len']
     """
     return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys,
                                                                patch_complex_rotary, patch_real_fourier_mixing,
                                                                patch_funnel_positions, patch_axial_positions,
-                                                               patch_padding_mask_from_a_python_range))
+                                                               patch_padding_mask_from_a_python_range, patch_tensor_len))

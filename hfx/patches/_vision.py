@@ -146,8 +146,11 @@ def patch_conv3d_patch_embedding() -> Iterator[None]:
 # (LLaVA's ``list(image_features)``, Idefics 2/3 and SmolVLM's ``split(num_real_images_per_batch.tolist())``).
 _PER_IMAGE_SPLITS = ("= list(image_features)", ".split(num_real_images_per_batch.tolist())")
 # Feature methods that split their packed-image tower's output per image (Qwen2-VL, Qwen2.5-VL:
-# ``torch.split(vision_outputs.pooler_output, split_sizes)``, the sizes from ``grid_thw.prod(-1).tolist()``).
-_TOWER_OUTPUT_SPLITS = ("torch.split(vision_outputs.pooler_output",)
+# ``torch.split(vision_outputs.pooler_output, split_sizes)``; Qwen3-VL: ``torch.split(image_embeds, split_sizes)``
+# of the tower's ``pooler_output``, and each of its ``deepstack_features`` alike), the sizes from
+# ``grid_thw.prod(-1).tolist()``.
+_TOWER_OUTPUT_SPLITS = ("torch.split(vision_outputs.pooler_output", "torch.split(image_embeds, split_sizes",
+                        "torch.split(video_embeds, split_sizes")
 _FEATURE_METHODS = ("get_image_features", "get_video_features")
 
 
@@ -172,7 +175,7 @@ def _per_image_splitters(model: torch.nn.Module) -> dict[tuple[type, str], tuple
                 called = [name for name in module._modules if f"self.{name}(" in source]  # noqa: SLF001
                 if method == "get_image_features" and named and any(split in source for split in _PER_IMAGE_SPLITS):
                     found[(cls, method)] = (named[0], True)
-                elif called and any(split in source for split in _TOWER_OUTPUT_SPLITS):
+                elif called and not named and any(split in source for split in _TOWER_OUTPUT_SPLITS):
                     found[(cls, method)] = (called[0], False)
     return found
 
@@ -256,6 +259,8 @@ def _joined_features(method: Any, child: str, *, projects: bool) -> Any:
             output = getattr(self, child)(*stop.args, **stop.kwargs)
             if not projects:
                 output.pooler_output = [output.pooler_output]
+                if isinstance(getattr(output, "deepstack_features", None), (list, tuple)):  # Qwen3-VL
+                    output.deepstack_features = [[feature] for feature in output.deepstack_features]
                 return output
             joined = output.reshape(-1, output.shape[-1])
             if towers:  # as the method does: the tower's output, its pooler_output the projected features

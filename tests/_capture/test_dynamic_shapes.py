@@ -39,6 +39,18 @@ def test_a_main_input_of_another_name_gets_the_axes_of_the_known_input_it_is():
     assert hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported).passed
 
 
+def test_frames_of_input_features_are_the_axis_the_config_does_not_name_as_features(models):
+    # Speech2Text, Parakeet, Wav2Vec2-BERT and SeamlessM4T take [batch, frames, features]; Whisper [batch, bins,
+    # frames]. Marking the last axis as frames for all of them left the frames static (generated zoo: 8 types).
+    name = "speech-seq2seq:speech_to_text"
+    model = zoo.build(name)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7), model))
+    assert dict(exported.dynamic_shapes.axes["input_features"]) == {0: "batch", 1: "frames"}
+    assert hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported).passed
+    whisper = hfx.infer_dynamic_shapes(hfx.capture(zoo.inputs("whisper"), models("whisper")))
+    assert dict(whisper.axes["input_features"]) == {0: "batch", 2: "frames"}
+
+
 def test_bounds_override_defaults(models):
     shapes = hfx.infer_dynamic_shapes(hfx.capture(zoo.inputs("llama"), models("llama")), bounds={"batch": (1, 8)})
     assert shapes.bounds["batch"] == (1, 8)

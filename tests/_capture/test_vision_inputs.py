@@ -102,3 +102,26 @@ def test_the_whole_forward_exports_for_any_image_count_and_size(models):
     assert hfx.verify(model, zoo.forward_inputs("qwen2_vl", batch=3, sequence=11), exported).passed  # 3 images of 4x6
     inputs = _mixed_images(model.config)
     assert hfx.verify(model, {**inputs, **vision_inputs(model, inputs)}, exported).passed  # 2 images, 4x4 and 2x6
+
+
+def test_interpolated_position_tables_are_inputs_too():
+    # Qwen3-VL resamples its learned position table to each image's grid (get_vision_interpolation_indices_and_
+    # weights, a repeat_interleave over the grids): computed outside, the graph takes any image count. Its
+    # get_image_features splits the tower's output and each deepstack feature per image with .tolist() sizes,
+    # which patch_per_image_feature_split joins. Without both the image count came out static (generated zoo).
+    from transformers import vision_utils
+
+    from hfx._capture.vision_inputs import computed_vision_inputs
+
+    name = "image-text-to-text:qwen3_vl"
+    model = zoo.build(name)
+    inputs = zoo.forward_inputs(name, batch=2, sequence=7)
+    assert {"image_interp_indices", "image_interp_weights"} <= set(inputs)
+    exported = hfx.export(hfx.capture(inputs, model))
+    assert exported.dynamic_shapes.axes["image_interp_indices"] == {0: "image_patches"}
+    assert hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported).passed  # 3 images
+    options = {"num_grid_per_side": 4, "mode": "bilinear", "align_corners": False, "spatial_merge_size": 2}
+    grid = torch.tensor([[1, 4, 4], [1, 2, 6]])
+    computed = computed_vision_inputs({"get_vision_interpolation_indices_and_weights": options}, grid)
+    indices, weights = vision_utils.get_vision_interpolation_indices_and_weights(grid, **options)
+    assert torch.equal(computed["interp_indices"], indices) and torch.equal(computed["interp_weights"], weights)

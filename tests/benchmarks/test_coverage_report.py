@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks._coverage_report import column_versions, other_end
+from benchmarks._coverage_report import column_versions, generated_totals, other_end
 
 
 def test_each_column_lists_the_releases_of_its_cells_with_counts():
@@ -28,3 +28,19 @@ def test_another_end_counts_each_column_and_lists_its_failures():
     onnx = next(line for line in lines if line.startswith("| onnx fwd |"))
     assert onnx.split(" | ")[1:3] == ["1", "1"]  # the other forward cells are not run
     assert "* `bert,onnx,forward,hfx`: boom" in lines
+
+
+def test_the_generated_totals_name_each_cell_the_peer_passes_and_hfx_does_not():
+    cells = {
+        "causal-lm:a,onnx,forward,hfx": {"status": "fail"},
+        "causal-lm:a,onnx,forward,peer": {"status": "pass"},
+        "causal-lm:b,onnx,forward,hfx": {"status": "pass"},
+        "causal-lm:b,onnx,forward,peer": {"status": "pass"},
+        "causal-lm:c,onnx,forward,peer": {"status": "pass"},  # hfx not run yet
+        "causal-lm:d,onnx,forward,hfx": {"status": "fail"},
+        "causal-lm:d,onnx,forward,peer": {"status": "fail"},
+    }
+    lines = generated_totals(cells)
+    assert lines[0] == "* hfx: **1 / 3** cells run pass (33.3%), 0 n/a."
+    assert lines[-1] == ("* Cells the peer passes and hfx does not (or has not run): **2**: "
+                         "`causal-lm:a,onnx,forward`, `causal-lm:c,onnx,forward`")

@@ -65,6 +65,19 @@ def test_the_table_gives_ratios_to_eager_and_genai_and_marks_tokens():
     assert "| contender | capture | export | lower | save | build | total | export peak RSS MB |" in text  # fixed stage order
 
 
+def test_the_memory_table_measures_each_batch_peak_over_the_footprint_in_weights():
+    results = _results()
+    results["model"] = {"weight_bytes": 100 * 2**20}
+    onnx = results["contenders"]["hfx-onnx"]
+    onnx.update(footprint_mb=40.0, file_rss_mb=12.0)
+    onnx["runs"]["1"]["peak_rss_mb"] = 190.0
+    text = rs.table(results)
+    assert "| hfx-onnx | 40 | 190 | 1.50 | 12 |" in text  # (190 - 40) / 100
+    assert "| eager | " not in text.split("Memory while generating")[1]  # no footprint measured, no row
+    onnx_row = next(line for line in text.splitlines() if line.startswith("| hfx-onnx | 5.6 |"))
+    assert onnx_row.split(" | ")[8] == "190"  # the batch's own peak, not the process's
+
+
 def test_an_unknown_shape_is_refused():
     with pytest.raises(KeyError):
         rs.shape_config("llama-7b", None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from hfx.patches import (
     patch_padding_mask_from_a_python_range,
     patch_position_interpolation,
     patch_real_fourier_mixing,
+    patch_tensor_len,
 )
 from hfx.patches._arch import (
     arange_padding_mask,
@@ -28,6 +30,7 @@ from hfx.patches._arch import (
     gathered_relative_shift,
     is_interpolating_vision_model,
     real_dft2,
+    symbolic_len,
 )
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE
 from tests.tolerances import FP32_ONE_BLOCK, FP32_SAME_KERNELS
@@ -71,7 +74,7 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
     patches = arch_patches(dinov2)
     assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary,
                                          patch_real_fourier_mixing, patch_funnel_positions, patch_axial_positions,
-                                         patch_padding_mask_from_a_python_range]
+                                         patch_padding_mask_from_a_python_range, patch_tensor_len]
     assert all(p.args == (dinov2,) for p in patches)
 
 
@@ -370,3 +373,45 @@ def test_without_the_padding_mask_patch_cpmant_exports_a_static_sequence(models)
                    if getattr(p, "func", None) is not patch_padding_mask_from_a_python_range)
     exported = hfx.export(hfx.capture(zoo.forward_inputs(CPMANT, batch=2, sequence=7), model), patches=others)
     assert exported.io.inputs[0].shape[1] == 7
+
+
+# patch_tensor_len
+
+
+class _LenBatch(torch.nn.Module):
+    """The RT-DETR pattern: the batch read with ``len`` of a tensor, then used as a size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch = len(x)
+        return x.new_zeros(batch, 3) + x.sum(-1, keepdim=True)
+
+
+def _batch_dynamic(module: torch.nn.Module) -> torch.export.ExportedProgram:
+    batch = torch.export.Dim("batch", min=1)
+    return torch.export.export(module, (torch.ones(2, 4),), dynamic_shapes=({0: batch},), strict=False)
+
+
+def test_len_of_a_tensor_specialises_the_batch_without_the_patch():
+    # Canary: when torch.export keeps len(tensor) symbolic, this fails and the patch can go.
+    with pytest.raises(Exception, match="specialized it to be a constant"):
+        _batch_dynamic(_LenBatch())
+
+
+def test_len_of_a_tensor_keeps_the_batch_dynamic_with_the_patch():
+    module = _LenBatch()
+    space = vars(sys.modules[__name__])
+    with patch_tensor_len(module):
+        assert space["len"] is symbolic_len
+        program = _batch_dynamic(module)
+    assert "len" not in space
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(program.module()(x), module(x), rtol=0, atol=0)
+    assert symbolic_len([1, 2]) == 2 and symbolic_len(torch.ones(3, 1)) == 3  # eager: the builtin
+
+
+def test_rt_detr_exports_with_a_dynamic_batch():
+    name = "object-detection:rt_detr"
+    model = zoo.build(name)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7), model))
+    assert exported.dynamic_shapes.axes["pixel_values"][0] == "batch"
+    assert hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported).passed

@@ -220,6 +220,8 @@ ROWS = (
     Row(patch=patches.patch_padding_mask_from_a_python_range, args=_shared("causal-lm:cpmant"),
         slots=lambda model: [(_owner("transformers.models.cpmant.modeling_cpmant", "CpmAntModel"),
                               "_prepare_attention_mask")]),
+    Row(patch=patches.patch_tensor_len, args=_shared("llama"),
+        slots=lambda model: [(vars(sys.modules["transformers.models.llama.modeling_llama"]), "len")], adds=True),
     Row(patch=patches.patch_position_interpolation, args=_shared("dinov2"),
         slots=lambda model: [(modeling_dinov2.Dinov2Embeddings, "interpolate_pos_encoding")], adds=True),
     Row(patch=patches.patch_dense_experts, args=_shared("mixtral"),
