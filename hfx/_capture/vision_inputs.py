@@ -202,7 +202,8 @@ def vision_inputs(model: torch.nn.Module, inputs: Mapping[str, Any], /) -> dict[
     hold for any image count and size. Computed here, outside the graph, they
     go in as inputs under the names the model's forward takes them
     (``image_position_ids``, ``image_cu_seqlens`` and, for Qwen2.5-VL,
-    ``image_window_index`` / ``image_cu_window_seqlens``), and the eager model
+    ``image_window_index`` / ``image_cu_window_seqlens``; for Qwen3-VL and Qwen3.5 the position table's
+    resampling taps ``image_interp_indices`` / ``image_interp_weights``), and the eager model
     gives the same outputs with or without them.
 
     Args:
