@@ -76,3 +76,36 @@ def patch_even_chunks() -> Iterator[None]:
     with swap_attr(torch.Tensor, "chunk", _even_chunks(torch.Tensor.chunk)), \
             swap_attr(torch, "chunk", _even_chunks(torch.chunk)):
         yield
+
+
+def _to_unless_unchanged(to: Any) -> Any:
+    """Wrap ``Module.to`` so that a call that would change no parameter or buffer returns the module itself."""
+
+    def module_to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)  # noqa: SLF001 - Module.to's own parser
+        tensors = [*self.parameters(), *self.buffers()]
+        unchanged = memory_format is None and all(
+            (device is None or t.device == device) and (dtype is None or not t.is_floating_point() or t.dtype == dtype)
+            for t in tensors)
+        return self if unchanged else to(self, *args, **kwargs)
+
+    module_to.__wrapped__ = to
+    return module_to
+
+
+@contextlib.contextmanager
+def patch_module_to_in_forward() -> Iterator[None]:
+    """Let a forward cast a submodule to the dtype it already has.
+
+    Model pattern: Switch Transformers' and NLLB-MoE's routers run
+    ``self.classifier = self.classifier.to(self.dtype)`` in their forward
+    (transformers 5.22-5.24). Under ``torch.export`` the parameters are
+    functional tensors, and ``Module._apply`` cannot swap them ("_apply():
+    Couldn't swap Linear.weight"), although the cast changes nothing. Within
+    the block, a ``to`` that would change no parameter or buffer (same device,
+    same floating dtype, no memory format) returns the module as it is, which
+    is what eager's ``to`` gives back too; any other ``to`` is ``Module.to``.
+    Delete when ``Module.to`` is a no-op under export for an unchanged dtype.
+    """
+    with swap_attr(torch.nn.Module, "to", _to_unless_unchanged(torch.nn.Module.to)):
+        yield

@@ -35,7 +35,8 @@ def test_timings_subtracts_the_first_token_from_the_whole_run():
 def test_every_contender_has_a_unique_name_and_runtimes_known_to_pin_threads():
     rows = rs.contenders(1)
     assert {"eager", "hfx-pt2", "hfx-onnx", "hfx-pte", "hfx-ov", "hfx-ov-stateful", "ort-genai"} <= set(rows)
-    assert all(set(row.runtimes) <= {"torch", "onnxruntime", "executorch", "openvino"} for row in rows.values())
+    assert all(set(row.runtimes) <= {"torch", "onnxruntime", "executorch", "openvino", "onnxruntime_genai"}
+               for row in rows.values())
 
 
 def _results():
@@ -69,10 +70,10 @@ def test_the_memory_table_measures_each_batch_peak_over_the_footprint_in_weights
     results = _results()
     results["model"] = {"weight_bytes": 100 * 2**20}
     onnx = results["contenders"]["hfx-onnx"]
-    onnx.update(footprint_mb=40.0, file_rss_mb=12.0)
+    onnx.update(footprint_mb=40.0, load_peak_rss_mb=150.0, file_rss_mb=12.0)
     onnx["runs"]["1"]["peak_rss_mb"] = 190.0
     text = rs.table(results)
-    assert "| hfx-onnx | 40 | 190 | 1.50 | 12 |" in text  # (190 - 40) / 100
+    assert "| hfx-onnx | 40 | 150 | 190 | 1.50 | 12 |" in text  # (190 - 40) / 100
     assert "| eager | " not in text.split("Memory while generating")[1]  # no footprint measured, no row
     onnx_row = next(line for line in text.splitlines() if line.startswith("| hfx-onnx | 5.6 |"))
     assert onnx_row.split(" | ")[8] == "190"  # the batch's own peak, not the process's

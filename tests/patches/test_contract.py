@@ -193,6 +193,7 @@ ROWS = (
     Row(patch=patches.patch_sdpa_fully_masked_rows, slots=lambda: [(F, "scaled_dot_product_attention")]),
     Row(patch=patches.patch_conv3d_patch_embedding, slots=lambda: [(torch.nn.Conv3d, "forward")], adds=True),
     Row(patch=patches.patch_even_chunks, slots=lambda: [(torch.Tensor, "chunk"), (torch, "chunk")]),
+    Row(patch=patches.patch_module_to_in_forward, slots=lambda: [(torch.nn.Module, "to")]),
     Row(patch=patches.patch_linear_attention_conv_state,
         slots=lambda: [(cache_utils.LinearAttentionLayer, "update_conv_state")]),
     Row(patch=patches.patch_mamba_selective_scan, args=_shared("mamba"),

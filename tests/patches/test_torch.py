@@ -1,12 +1,15 @@
 """patch_sdpa_fully_masked_rows: zeros for padded rows, exactly like eager; patch_even_chunks: a dynamic multiple of the
-chunk count stays dynamic (their contract: test_contract.py)."""
+chunk count stays dynamic; patch_module_to_in_forward: an unchanged cast in forward exports (their contract:
+test_contract.py)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 import hfx
+from hfx import patches
 from hfx.patches import default_patches, patch_even_chunks, patch_sdpa_fully_masked_rows
 
 
@@ -66,3 +69,35 @@ def test_the_chunk_patch_leaves_other_calls_to_chunk():
         assert [t.tolist() for t in x.chunk(2, dim=1)] == [[[0.0, 1.0, 2.0], [5.0, 6.0, 7.0]], [[3.0, 4.0], [8.0, 9.0]]]
         assert [t.shape for t in torch.chunk(x, 2)] == [torch.Size([1, 5])] * 2
     assert torch.Tensor.chunk is not None and not hasattr(torch.Tensor.chunk, "__wrapped__")
+
+
+# patch_module_to_in_forward
+
+
+class _CastsItsRouter(torch.nn.Module):
+    """Switch Transformers' router pattern: a submodule cast to the dtype it has, inside forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.classifier = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.classifier = self.classifier.to(torch.float32)
+        return self.classifier(x)
+
+
+def test_a_cast_to_the_same_dtype_in_forward_fails_to_export_without_the_patch():
+    # Canary: when torch.export lets Module.to swap unchanged parameters, this fails and the patch can go.
+    with pytest.raises(Exception, match="Couldn't swap"):
+        torch.export.export(_CastsItsRouter(), (torch.ones(2, 4),), strict=False)
+
+
+def test_a_cast_to_the_same_dtype_in_forward_exports_with_the_patch_and_other_casts_still_cast():
+    module = _CastsItsRouter()
+    with patches.patch_module_to_in_forward():
+        program = torch.export.export(module, (torch.ones(2, 4),), strict=False)
+        assert module.to(torch.float32) is module
+        half = torch.nn.Linear(2, 2).to(torch.float16)  # a real change is Module.to's own
+        assert half.weight.dtype == torch.float16
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(program.module()(x), module(x), rtol=0, atol=0)
