@@ -11,7 +11,8 @@ from toolz import curry
 from torch.utils import _pytree as pytree
 
 from hfx._capture.dynamic_shapes import dim_sizes, infer_dynamic_shapes
-from hfx._export.torch_shapes import refine, to_torch, widen_unit_axes
+from hfx._export.guard_ranges import guard_interval
+from hfx._export.torch_shapes import derived_dim, refine, to_torch, widen_unit_axes
 from hfx._errors import CaptureError, PatchError, describe
 from hfx._export.asserts import on_input_sizes_only, without_asserts
 from hfx._export.constant_outputs import constant_outputs, user_outputs, without_constant_outputs
@@ -112,6 +113,10 @@ def _export_refining(
             return program, _with_lower_bounds(shapes, declared, traced)
         except torch._dynamo.exc.UserError as exc:  # noqa: SLF001 - the only type constraint violations have
             refined = refine(shapes, str(exc))
+            pinned = ranged_by_guards(pinned_dims(shapes, refined), str(exc)) if refined is not None else frozenset()
+            ranged = _guard_ranged(flat, shapes, pinned, patches, declared, traced) if pinned else None
+            if ranged is not None:
+                return ranged
             if refined is not None and refined != shapes:
                 shapes = refined
             elif not deferred and "Not all values of" in str(exc):
@@ -120,9 +125,73 @@ def _export_refining(
                 raise _capture_error(flat, exc) from exc
         except PatchError as exc:  # the patch's own failure, not the model's: say which patch
             raise PatchError(describe("export", flat.source, flat.name, str(exc), "Fix or leave out that patch.")) from exc
+        except AssertionError as exc:
+            # torch fails to phrase its suggested fixes for a guard on a dim modulo a constant ("Cannot create Dim
+            # with inconsistent min=1, max=-oo", torch 2.13): the dims as automatic ones, ranged by their guards.
+            ranged = _guard_ranged(flat, shapes, frozenset(shapes.bounds), patches, declared, traced) \
+                if "Cannot create Dim" in str(exc) else None
+            if ranged is None:
+                raise _capture_error(flat, exc) from exc
+            return ranged
         except Exception as exc:
             raise _capture_error(flat, exc) from exc
     raise _capture_error(flat, RuntimeError("dynamic shapes did not settle"))
+
+
+def pinned_dims(shapes: DynamicShapes, refined: DynamicShapes) -> frozenset[str]:
+    """The dims of ``shapes`` that ``refined`` (torch's suggested fixes applied) makes static.
+
+    Example:
+        >>> before = DynamicShapes(axes={"x": {0: "batch", 1: "sequence"}}, bounds={"batch": (1, None), "sequence": (1, 9)})
+        >>> pinned_dims(before, DynamicShapes(axes={"x": {0: "batch"}}, bounds={"batch": (1, None)}))
+        frozenset({'sequence'})
+    """
+    used = {derived_dim(dim)[0] for per_axis in refined.axes.values() for dim in per_axis.values()}
+    return frozenset(name for name in shapes.bounds if name not in used)
+
+
+def ranged_by_guards(pinned: frozenset[str], message: str) -> frozenset[str]:
+    """The ``pinned`` dims that torch's ``message`` refuses for a guard some of their sizes fail ("Not all values
+    of sequence ... satisfy the generated guard"), not for a size the code fixed ("specialized it to be a constant":
+    a ViT's image size), which no range would keep dynamic.
+
+    Example:
+        >>> ranged_by_guards(frozenset({"sequence", "height"}), "Not all values of sequence = L['x'].size()[1] in ...")
+        frozenset({'sequence'})
+    """
+    return frozenset(name for name in pinned if f"Not all values of {name} " in message
+                     and f"You marked {name} as dynamic but your code specialized it" not in message)
+
+
+def _guard_ranged(
+    flat: Capture, shapes: DynamicShapes, pinned: frozenset[str], patches: tuple[Patch, ...], declared: DynamicShapes,
+    traced: Mapping[str, int],
+) -> tuple[torch.export.ExportedProgram, DynamicShapes] | None:
+    """The program with the ``pinned`` dims as ``Dim.AUTO`` and each narrowed to the sizes where its guards hold
+    (``guard_interval``), as automatic dims would export it; ``None`` where that export fails or a dim stays pinned,
+    and torch's fix (static) applies."""
+    try:
+        program = _torch_export(flat, shapes, patches, deferred=False, declared=declared, traced=traced, auto=pinned)
+    except Exception:  # noqa: BLE001 - the named export's own error is the one to report
+        return None
+    guards = getattr(program, "_guards_code", None)
+    if not isinstance(guards, list):
+        return None
+    sizes, bounds = dim_sizes(flat.kwargs, shapes), dict(shapes.bounds)
+    for name in pinned:
+        axes = {(leaf, axis) for leaf, per_axis in shapes.axes.items() for axis, dim in per_axis.items() if dim == name}
+        interval = guard_interval(guards, flat.kwargs, axes, sizes[name], shapes.bounds[name])
+        if interval is None:
+            return None
+        bounds[name] = interval
+    ranged = DynamicShapes(axes=shapes.axes, bounds=bounds)
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    for symbol, name in _symbol_names(program, flat.kwargs, ranged).items():
+        if name in pinned:
+            lo, hi = bounds[name]
+            program._range_constraints[symbol] = ValueRanges(lo, int(hi) if hi is not None else sympy.oo)  # noqa: SLF001
+    return program, ranged
 
 
 # (query dim, cached dim, the mask's dim): a mask spanning the cached tokens and the new ones.
@@ -166,12 +235,12 @@ def with_span_bounds(shapes: DynamicShapes, sizes: Mapping[str, int]) -> Dynamic
 
 def _torch_export(
     flat: Capture, shapes: DynamicShapes, patches: tuple[Patch, ...], *, deferred: bool, declared: DynamicShapes,
-    traced: Mapping[str, int],
+    traced: Mapping[str, int], auto: frozenset[str] = frozenset(),
 ) -> torch.export.ExportedProgram:
     kwargs = widen_unit_axes(shapes, flat.kwargs)
     with with_patches(*patches), torch.no_grad():
         program = torch.export.export(
-            flat.module, (), kwargs, dynamic_shapes=to_torch(shapes, kwargs), strict=False,
+            flat.module, (), kwargs, dynamic_shapes=to_torch(shapes, kwargs, auto), strict=False,
             prefer_deferred_runtime_asserts_over_guards=deferred,
         )
         _restore_lower_bounds(program, flat.kwargs, shapes, declared, traced)

@@ -13,14 +13,16 @@ from hfx._pytree import leaf_name
 from hfx._records import DynamicShapes
 
 
-def to_torch(shapes: DynamicShapes, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def to_torch(shapes: DynamicShapes, kwargs: Mapping[str, Any], auto: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The ``dynamic_shapes`` argument of ``torch.export.export`` for ``kwargs``: one ``Dim`` per name.
 
     torch.export wants a custom pytree node (a cache, a ``ModelOutput``) given
     as the list of its children's shapes, so nodes are walked one level at a time.
+    The dims named in ``auto`` are ``Dim.AUTO`` (see ``hfx._export.guard_ranges``).
     """
     dims = {
-        name: torch.export.Dim(name, min=lo, max=hi) if hi is not None else torch.export.Dim(name, min=lo)
+        name: torch.export.Dim.AUTO if name in auto
+        else torch.export.Dim(name, min=lo, max=hi) if hi is not None else torch.export.Dim(name, min=lo)
         for name, (lo, hi) in shapes.bounds.items()
     }
 

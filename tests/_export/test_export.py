@@ -157,6 +157,38 @@ def test_a_minimum_the_models_code_sets_is_kept_and_a_refusal_names_the_declared
     assert hfx.IoSpec.from_json(exported.io.to_json()) == exported.io
 
 
+class _PadsToBlocks(torch.nn.Module):
+    """Pads the sequence to blocks of 4 only when it is not a multiple (LongT5's ``_split_into_blocks``)."""
+
+    def forward(self, input_ids):
+        x = input_ids.float()
+        if x.shape[1] % 4 != 0:
+            x = torch.nn.functional.pad(x, (0, -x.shape[1] % 4))
+        return x.reshape(x.shape[0], -1, 4).sum(-1)
+
+
+def test_a_dim_its_guards_pin_to_a_range_named_dims_cannot_state_keeps_that_range():
+    # Traced at 7: the guards are "7 % 4 != 0" and "two blocks", true for 5 to 7 only. Named dims cannot say
+    # so (torch 2.13 even fails to word its fix), automatic dims can; the program keeps [5, 7] and refuses 8.
+    model = _PadsToBlocks()
+    exported = hfx.export(hfx.capture({"input_ids": torch.ones(2, 7, dtype=torch.long)}, model))
+    assert exported.io.bounds["sequence"] == (5, 7)
+    ids = torch.randint(0, 9, (3, 6))
+    torch.testing.assert_close(exported(input_ids=ids), model(input_ids=ids), rtol=0, atol=0)
+    with pytest.raises(hfx.InputError, match=r"is 8, outside the program's bounds \[5, 7\]"):
+        exported(input_ids=torch.ones(2, 8, dtype=torch.long))
+
+
+def test_longt5_keeps_its_sequence_dynamic_within_one_block():
+    # LongT5's local attention pads to blocks of 128 unless the length is a multiple: made static at the
+    # capture's 7 tokens before, while the peer's automatic dims passed (issue 19).
+    name = "seq2seq-lm:longt5"
+    model = zoo.build(name)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7), model))
+    assert exported.io.bounds["sequence"] == (1, 127)
+    assert hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported).passed
+
+
 def test_export_maps_over_components(models):
     parts = hfx.Components(items={"a": hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 1))})
     out = hfx.export(parts)

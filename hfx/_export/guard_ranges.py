@@ -1,0 +1,78 @@
+"""The sizes a dim can take in a program whose guards pin it only to a range named dims cannot state.
+
+LongT5 splits its sequence into blocks of 128 and pads when the length is not a
+multiple (``if x.shape[dim] % block_len != 0``). Traced at 7 tokens, torch.export
+records guards such as ``s % 128 != 0`` and ``ceil(s / 128) == 1``: true for 1 to
+127 tokens, yet no ``Dim(min, max)`` says so, so a named dim is refused and would be
+made static. ``Dim.AUTO`` accepts them and keeps them as the program's guards
+(``ExportedProgram._guards_code``, Python over ``L['input'].size()[axis]``).
+``guard_interval`` evaluates those guards over the dim's declared range and keeps the
+largest run of sizes around the captured one where all hold: the program is the
+model's there, and hfx refuses any other size (its bounds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+_SCAN_LIMIT = 8192  # how far an unbounded dim is scanned; beyond it the guards are taken to hold as they did
+_NAMESPACE = {"__builtins__": {}, "math": math, "Max": max, "Min": min, "max": max, "min": min, "abs": abs}
+
+
+class _Sized:
+    """A stand-in for a tensor in a guard: ``size()`` gives its shape."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self._shape = shape
+
+    def size(self) -> tuple[int, ...]:
+        return self._shape
+
+
+def guard_interval(
+    guards: Sequence[str], kwargs: Mapping[str, Any], axes: set[tuple[str, int]], size: int,
+    bounds: tuple[int, int | None],
+) -> tuple[int, int | None] | None:
+    """The largest ``(lo, hi)`` around ``size`` within ``bounds`` where every guard holds.
+
+    The dim sits at ``axes`` (``(input name, axis)`` pairs) of the flat inputs ``kwargs``;
+    every other axis keeps its captured size. ``hi`` is ``None`` when ``bounds`` has no
+    maximum and the guards hold as far as ``_SCAN_LIMIT``. ``None`` when a guard cannot
+    be evaluated or the sizes around ``size`` do not hold (the dim is pinned).
+
+    Example:
+        >>> import torch
+        >>> guards = ["(L['x'].size()[1] % 128) != 0"]
+        >>> guard_interval(guards, {"x": torch.ones(2, 7)}, {("x", 1)}, 7, (1, 512))
+        (1, 127)
+    """
+    try:
+        compiled = [compile(guard, "<guard>", "eval") for guard in guards]
+    except SyntaxError:
+        return None
+
+    def holds(candidate: int) -> bool:
+        tensors = {name: _Sized(tuple(candidate if (name, axis) in axes else int(n) for axis, n in enumerate(t.shape)))
+                   for name, t in kwargs.items() if isinstance(t, torch.Tensor)}
+        return all(bool(eval(code, _NAMESPACE, {"L": tensors})) for code in compiled)  # noqa: S307 - torch's own guards
+
+    low, high = bounds
+    try:
+        if not holds(size):
+            return None
+        lo = size
+        while lo - 1 >= low and holds(lo - 1):
+            lo -= 1
+        limit = high if high is not None else max(_SCAN_LIMIT, size)
+        hi = size
+        while hi + 1 <= limit and holds(hi + 1):
+            hi += 1
+    except Exception:  # noqa: BLE001 - a guard this evaluator cannot read: no range, the dim stays as torch fixed it
+        return None
+    if lo == hi:
+        return None
+    return lo, None if high is None and hi == limit else hi
