@@ -23,6 +23,8 @@ _AXIS_RULES: tuple[tuple[frozenset[str], Mapping[int, str]], ...] = (
         frozenset({"decoder_input_ids", "decoder_attention_mask", "decoder_position_ids", "decoder_inputs_embeds"}),
         {0: "batch", 1: "decoder_sequence"},
     ),
+    # InstructBLIP's instruction, tokenized again for its Q-Former: its own length
+    (frozenset({"qformer_input_ids", "qformer_attention_mask"}), {0: "batch", 1: "qformer_sequence"}),
     (frozenset({"pixel_values", "pixel_mask"}), {0: "batch", -2: "height", -1: "width"}),
     (frozenset({"input_values"}), {0: "batch", -1: "audio_length"}),
     (frozenset({"input_features"}), {0: "batch", -1: "frames"}),

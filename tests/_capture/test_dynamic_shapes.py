@@ -51,6 +51,15 @@ def test_frames_of_input_features_are_the_axis_the_config_does_not_name_as_featu
     assert dict(whisper.axes["input_features"]) == {0: "batch", 2: "frames"}
 
 
+def test_the_q_former_instruction_has_its_own_dynamic_length():
+    # InstructBLIP tokenizes the instruction again for its Q-Former: unnamed, its length came out static.
+    name = "image-text-to-text:instructblip"
+    model = zoo.build(name)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7), model))
+    assert dict(exported.dynamic_shapes.axes["qformer_input_ids"]) == {0: "batch", 1: "qformer_sequence"}
+    assert hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported).passed
+
+
 def test_bounds_override_defaults(models):
     shapes = hfx.infer_dynamic_shapes(hfx.capture(zoo.inputs("llama"), models("llama")), bounds={"batch": (1, 8)})
     assert shapes.bounds["batch"] == (1, 8)
