@@ -175,7 +175,8 @@ def _per_image_splitters(model: torch.nn.Module) -> dict[tuple[type, str], tuple
                 called = [name for name in module._modules if f"self.{name}(" in source]  # noqa: SLF001
                 if method == "get_image_features" and named and any(split in source for split in _PER_IMAGE_SPLITS):
                     found[(cls, method)] = (named[0], True)
-                elif called and not named and any(split in source for split in _TOWER_OUTPUT_SPLITS):
+                elif len(called) == 1 and not named and any(split in source for split in _TOWER_OUTPUT_SPLITS):
+                    # the tower is the only child the method calls: its output is what gets split
                     found[(cls, method)] = (called[0], False)
     return found
 
