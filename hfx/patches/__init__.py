@@ -20,6 +20,7 @@ from hfx.patches._arch import (
     patch_funnel_positions,
     patch_latent_attention_keys,
     patch_padding_mask_from_a_python_range,
+    patch_padding_mask_kept,
     patch_position_interpolation,
     patch_real_fourier_mixing,
     patch_tensor_len,
@@ -72,7 +73,7 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Example:
         >>> import torch
         >>> [getattr(p, "func", p).__name__ for p in default_patches(torch.nn.Linear(1, 1))]
-        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_dense_experts']
+        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_experts']
     """
     bound = tuple(
         functools.partial(patch, model)
@@ -95,6 +96,7 @@ __all__ = [
     "patch_attention_implementation",
     "patch_axial_positions",
     "patch_padding_mask_from_a_python_range",
+    "patch_padding_mask_kept",
     "patch_complex_rotary",
     "patch_conv3d_patch_embedding",
     "patch_dense_experts",

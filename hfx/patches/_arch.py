@@ -488,6 +488,36 @@ def patch_padding_mask_from_a_python_range(model: torch.nn.Module) -> Iterator[N
         yield
 
 
+def kept_padding_mask(input_ids: torch.Tensor, padding_idx: int = 1) -> torch.Tensor:
+    """True for pad tokens: FSMT's ``make_padding_mask`` without its ``None`` for a batch without padding."""
+    return input_ids.eq(padding_idx)
+
+
+@contextlib.contextmanager
+def patch_padding_mask_kept(model: torch.nn.Module) -> Iterator[None]:
+    """Keep FSMT's decoder padding mask a tensor when nothing is padded.
+
+    Model pattern: ``if not padding_mask.any(): padding_mask = None`` (FSMT's
+    ``make_padding_mask``, transformers 5.22-5.24): a branch on the values of the
+    inputs, which torch.export cannot trace ("Could not guard on data-dependent
+    expression"). The mask is only read by ``masked_fill``, where an all-False mask
+    changes nothing, so returning it always gives the same numbers. The module-level
+    function is swapped in the modules of the model's classes whose function still
+    holds that branch; a no-op for any other model. Delete when transformers drops the
+    branch.
+
+    Args:
+        model: the model to export; only the modules of the classes it uses are patched.
+    """
+    modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
+    owners = [module for module in modules if module is not None and callable(vars(module).get("make_padding_mask"))
+              and _source_contains(vars(module)["make_padding_mask"], "if not padding_mask.any():")]
+    with contextlib.ExitStack() as stack:
+        for owner in owners:
+            stack.enter_context(swap_attr(owner, "make_padding_mask", kept_padding_mask))
+        yield
+
+
 def symbolic_len(obj: Any) -> Any:
     """``len(obj)``, except that a tensor whose first axis is symbolic gives that ``SymInt`` rather than an int."""
     if isinstance(obj, torch.Tensor) and obj.ndim and isinstance(obj.shape[0], torch.SymInt):
@@ -528,13 +558,15 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Returns:
         ``patch_position_interpolation``, ``patch_latent_attention_keys``, ``patch_complex_rotary``,
         ``patch_real_fourier_mixing``, ``patch_funnel_positions``, ``patch_axial_positions`` and
-        ``patch_padding_mask_from_a_python_range`` and ``patch_tensor_len`` bound to ``model``.
+        ``patch_padding_mask_from_a_python_range``, ``patch_tensor_len`` and ``patch_padding_mask_kept`` bound
+        to ``model``.
 
     Example:
         >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))][3:]
-        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len']
+        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept']
     """
     return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys,
                                                                patch_complex_rotary, patch_real_fourier_mixing,
                                                                patch_funnel_positions, patch_axial_positions,
-                                                               patch_padding_mask_from_a_python_range, patch_tensor_len))
+                                                               patch_padding_mask_from_a_python_range, patch_tensor_len,
+                                                               patch_padding_mask_kept))

@@ -19,6 +19,7 @@ from hfx.patches import (
     patch_funnel_positions,
     patch_latent_attention_keys,
     patch_padding_mask_from_a_python_range,
+    patch_padding_mask_kept,
     patch_position_interpolation,
     patch_real_fourier_mixing,
     patch_tensor_len,
@@ -28,6 +29,7 @@ from hfx.patches._arch import (
     batched_axial_positions,
     concatenated_expand_kv,
     gathered_relative_shift,
+    kept_padding_mask,
     is_interpolating_vision_model,
     real_dft2,
     symbolic_len,
@@ -74,7 +76,7 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
     patches = arch_patches(dinov2)
     assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary,
                                          patch_real_fourier_mixing, patch_funnel_positions, patch_axial_positions,
-                                         patch_padding_mask_from_a_python_range, patch_tensor_len]
+                                         patch_padding_mask_from_a_python_range, patch_tensor_len, patch_padding_mask_kept]
     assert all(p.args == (dinov2,) for p in patches)
 
 
@@ -414,4 +416,19 @@ def test_rt_detr_exports_with_a_dynamic_batch():
     model = zoo.build(name)
     exported = hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7), model))
     assert exported.dynamic_shapes.axes["pixel_values"][0] == "batch"
+    assert hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported).passed
+
+
+# patch_padding_mask_kept
+
+
+def test_fsmt_exports_with_its_decoder_padding_mask_kept_and_gives_eagers_numbers():
+    # make_padding_mask returned None for a batch without padding: a branch on the inputs' values.
+    name = "seq2seq-lm:fsmt"
+    model = zoo.build(name)
+    module = sys.modules[type(model).__module__]
+    ids = torch.tensor([[5, 1, 6], [7, 8, 9]])
+    assert module.make_padding_mask(ids[1:], 1) is None  # the branch the patch removes
+    assert torch.equal(kept_padding_mask(ids, 1), module.make_padding_mask(ids, 1))
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7), model))
     assert hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported).passed

@@ -221,6 +221,8 @@ ROWS = (
     Row(patch=patches.patch_padding_mask_from_a_python_range, args=_shared("causal-lm:cpmant"),
         slots=lambda model: [(_owner("transformers.models.cpmant.modeling_cpmant", "CpmAntModel"),
                               "_prepare_attention_mask")]),
+    Row(patch=patches.patch_padding_mask_kept, args=_shared("seq2seq-lm:fsmt"),
+        slots=lambda model: [(sys.modules["transformers.models.fsmt.modeling_fsmt"], "make_padding_mask")]),
     Row(patch=patches.patch_tensor_len, args=_shared("llama"),
         slots=lambda model: [(vars(sys.modules["transformers.models.llama.modeling_llama"]), "len")], adds=True),
     Row(patch=patches.patch_position_interpolation, args=_shared("dinov2"),
