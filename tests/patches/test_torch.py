@@ -57,10 +57,18 @@ def test_chunks_of_a_dynamic_multiple_keep_the_dim_dynamic_and_match_eager():
     assert torch.equal(exported(x=x), _Streams()(x))
 
 
-def test_without_the_chunk_patch_torch_still_specialises_the_sequence():
-    """Canary: when this fails, torch proves chunk's piece count and the patch can go."""
+def test_without_the_chunk_patch_torch_still_refuses_a_named_sequence():
+    """Canary: when this fails, torch proves chunk's piece count and the patch can go. Without the patch hfx
+    keeps the dim through the guards' range (``hfx._export.guard_ranges``): ``(4*s - 1) // s == 3`` holds for
+    every size."""
+    sequence = torch.export.Dim("sequence", min=1, max=64)
+    with pytest.raises(torch._dynamo.exc.UserError, match="Not all values of sequence"):
+        torch.export.export(_Streams(), (torch.randn(2, 7, 3),), dynamic_shapes=({1: sequence},), strict=False)
     without = tuple(p for p in default_patches(_Streams()) if p is not patch_even_chunks)
-    assert "sequence" not in hfx.export(_streams_capture(), patches=without).dynamic_shapes.names
+    exported = hfx.export(_streams_capture(), patches=without)
+    assert exported.io.bounds["sequence"] == (1, 64)
+    x = torch.randn(3, 11, 3)
+    assert torch.equal(exported(x=x), _Streams()(x))
 
 
 def test_the_chunk_patch_leaves_other_calls_to_chunk():
