@@ -20,7 +20,13 @@ from typing import Any
 import torch
 
 _SCAN_LIMIT = 8192  # how far an unbounded dim is scanned; beyond it the guards are taken to hold as they did
-_NAMESPACE = {"__builtins__": {}, "math": math, "Max": max, "Min": min, "max": max, "min": min, "abs": abs}
+# What torch's guard code calls besides operators (torch 2.14 writes ``torch.sym_max``).
+_NAMESPACE = {"__builtins__": {}, "math": math, "torch": torch, "Max": max, "Min": min, "max": max, "min": min,
+              "abs": abs}
+
+
+class _Unreadable(Exception):  # noqa: N818 - control flow
+    """A guard names something this evaluator does not provide."""
 
 
 class _Sized:
@@ -58,7 +64,12 @@ def guard_interval(
     def holds(candidate: int) -> bool:
         tensors = {name: _Sized(tuple(candidate if (name, axis) in axes else int(n) for axis, n in enumerate(t.shape)))
                    for name, t in kwargs.items() if isinstance(t, torch.Tensor)}
-        return all(bool(eval(code, _NAMESPACE, {"L": tensors})) for code in compiled)  # noqa: S307 - torch's own guards
+        try:
+            return all(bool(eval(code, _NAMESPACE, {"L": tensors})) for code in compiled)  # noqa: S307 - torch's guards
+        except ArithmeticError:  # a size the guards divide by zero at: not one the program serves
+            return False
+        except (NameError, AttributeError, KeyError, TypeError) as exc:
+            raise _Unreadable from exc
 
     low, high = bounds
     try:
@@ -71,7 +82,7 @@ def guard_interval(
         hi = size
         while hi + 1 <= limit and holds(hi + 1):
             hi += 1
-    except Exception:  # noqa: BLE001 - a guard this evaluator cannot read: no range, the dim stays as torch fixed it
+    except _Unreadable:  # no range: the dim stays as torch fixed it
         return None
     if lo == hi:
         return None

@@ -168,15 +168,20 @@ class _PadsToBlocks(torch.nn.Module):
 
 
 def test_a_dim_its_guards_pin_to_a_range_named_dims_cannot_state_keeps_that_range():
-    # Traced at 7: the guards are "7 % 4 != 0" and "two blocks", true for 5 to 7 only. Named dims cannot say
-    # so (torch 2.13 even fails to word its fix), automatic dims can; the program keeps [5, 7] and refuses 8.
+    # Traced at 7, torch 2.13 guards "7 % 4 != 0" and "two blocks", true for 5 to 7 only. Named dims cannot say
+    # so (torch 2.13 even fails to word its fix), automatic dims can: the program keeps [5, 7] and refuses 8.
+    # torch 2.14 proves the padding right for every size and keeps the whole range.
     model = _PadsToBlocks()
     exported = hfx.export(hfx.capture({"input_ids": torch.ones(2, 7, dtype=torch.long)}, model))
-    assert exported.io.bounds["sequence"] == (5, 7)
-    ids = torch.randint(0, 9, (3, 6))
-    torch.testing.assert_close(exported(input_ids=ids), model(input_ids=ids), rtol=0, atol=0)
-    with pytest.raises(hfx.InputError, match=r"is 8, outside the program's bounds \[5, 7\]"):
-        exported(input_ids=torch.ones(2, 8, dtype=torch.long))
+    low, high = exported.io.bounds["sequence"]
+    assert low <= 5 and (high is None or high >= 7)
+    for size in (5, 6, 7, 8, 12):
+        ids = torch.randint(0, 9, (3, size))
+        if high is not None and size > high:
+            with pytest.raises(hfx.InputError, match=rf"is {size}, outside the program's bounds \[{low}, {high}\]"):
+                exported(input_ids=ids)
+        else:
+            torch.testing.assert_close(exported(input_ids=ids), model(input_ids=ids), rtol=0, atol=0)
 
 
 def test_longt5_keeps_its_sequence_dynamic_within_one_block():
