@@ -177,10 +177,12 @@ def _guard_ranged(
     guards = getattr(program, "_guards_code", None)
     if not isinstance(guards, list):
         return None
-    sizes, bounds = dim_sizes(flat.kwargs, shapes), dict(shapes.bounds)
+    # The other dims as the named export gives them back; each pinned one the run of sizes its guards allow (not
+    # lowered to the declared minimum: a guard may exclude the sizes below).
+    sizes, bounds = dim_sizes(flat.kwargs, shapes), dict(_with_lower_bounds(shapes, declared, traced).bounds)
     for name in pinned:
         axes = {(leaf, axis) for leaf, per_axis in shapes.axes.items() for axis, dim in per_axis.items() if dim == name}
-        interval = guard_interval(guards, flat.kwargs, axes, sizes[name], shapes.bounds[name])
+        interval = guard_interval(guards, flat.kwargs, axes, sizes[name], shapes.bounds[name]) if name in sizes else None
         if interval is None:
             return None
         bounds[name] = interval
