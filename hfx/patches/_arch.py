@@ -488,6 +488,11 @@ def patch_padding_mask_from_a_python_range(model: torch.nn.Module) -> Iterator[N
         yield
 
 
+def _defining_modules(model: torch.nn.Module) -> set[Any]:
+    """The Python modules that define the classes of ``model``'s submodules (where a module-level patch goes)."""
+    return {module for module in (sys.modules.get(type(m).__module__) for m in model.modules()) if module is not None}
+
+
 def kept_padding_mask(input_ids: torch.Tensor, padding_idx: int = 1) -> torch.Tensor:
     """True for pad tokens: FSMT's ``make_padding_mask`` without its ``None`` for a batch without padding."""
     return input_ids.eq(padding_idx)
@@ -509,8 +514,8 @@ def patch_padding_mask_kept(model: torch.nn.Module) -> Iterator[None]:
     Args:
         model: the model to export; only the modules of the classes it uses are patched.
     """
-    modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
-    owners = [module for module in modules if module is not None and callable(vars(module).get("make_padding_mask"))
+    modules = _defining_modules(model)
+    owners = [module for module in modules if callable(vars(module).get("make_padding_mask"))
               and _source_contains(vars(module)["make_padding_mask"], "if not padding_mask.any():")]
     with contextlib.ExitStack() as stack:
         for owner in owners:
@@ -540,9 +545,9 @@ def patch_tensor_len(model: torch.nn.Module) -> Iterator[None]:
     Args:
         model: the model to export; only the modules of the classes it uses are patched.
     """
-    modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
+    modules = _defining_modules(model)
     spaces = [vars(module) for module in modules
-              if module is not None and not module.__name__.startswith(("torch.", "hfx.")) and "len" not in vars(module)]
+              if not module.__name__.startswith(("torch.", "hfx.")) and "len" not in vars(module)]
     with contextlib.ExitStack() as stack:
         for space in spaces:
             stack.enter_context(swap_item(space, "len", symbolic_len))
