@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from hfx.patches._core import Patch, swap_attr, swap_attr_on_each, swap_item
+from hfx.patches._global_attention import patch_dense_global_attention
 
 
 def always_interpolated_positions(self: torch.nn.Module, embeddings: torch.Tensor, height: int,
@@ -563,15 +564,15 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Returns:
         ``patch_position_interpolation``, ``patch_latent_attention_keys``, ``patch_complex_rotary``,
         ``patch_real_fourier_mixing``, ``patch_funnel_positions``, ``patch_axial_positions`` and
-        ``patch_padding_mask_from_a_python_range``, ``patch_tensor_len`` and ``patch_padding_mask_kept`` bound
-        to ``model``.
+        ``patch_padding_mask_from_a_python_range``, ``patch_tensor_len``, ``patch_padding_mask_kept`` and
+        ``patch_dense_global_attention`` bound to ``model``.
 
     Example:
         >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))][3:]
-        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept']
+        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention']
     """
     return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys,
                                                                patch_complex_rotary, patch_real_fourier_mixing,
                                                                patch_funnel_positions, patch_axial_positions,
                                                                patch_padding_mask_from_a_python_range, patch_tensor_len,
-                                                               patch_padding_mask_kept))
+                                                               patch_padding_mask_kept, patch_dense_global_attention))

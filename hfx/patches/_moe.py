@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
-from hfx.patches._core import Patch, swap_attr_on_each
+from hfx.patches._core import Patch, swap_attr, swap_attr_on_each
 
 
 def _experts_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -81,11 +83,82 @@ def patch_dense_experts(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
+def _dense_expert_modules(self: torch.nn.ModuleDict, hidden_states: torch.Tensor, expert_mask: torch.Tensor,
+                          weights: torch.Tensor) -> torch.Tensor:
+    """``sum_e expert_e(h) * sum_s [expert_mask[e, s, t] != 0] * weights[t, s]`` for ``hidden_states (T, H)``.
+
+    ``expert_mask`` is ``(experts, slots, tokens)``, ``weights`` ``(tokens, slots)``: the loop of
+    transformers' ``expert_hit`` forwards with every expert run on every token and weighted by zero
+    where the token is not routed to it.
+    """
+    output = torch.zeros_like(hidden_states)
+    for index in range(expert_mask.shape[0]):
+        routed = (expert_mask[index].transpose(0, 1) != 0).to(weights.dtype)
+        weight = (routed * weights).sum(dim=-1, keepdim=True)  # (T, 1)
+        output = output + (self[f"expert_{index}"](hidden_states) * weight).to(hidden_states.dtype)
+    return output
+
+
+def dense_expert_modules_forward(self: torch.nn.ModuleDict, hidden_states: torch.Tensor,
+                                 selected_experts: torch.Tensor, routing_weights: torch.Tensor) -> torch.Tensor:
+    """Switch Transformers' experts output with static shapes: ``selected_experts`` is a ``(T, slots, E)`` one-hot mask."""
+    return _dense_expert_modules(self, hidden_states, selected_experts.permute(2, 1, 0), routing_weights)
+
+
+def dense_indexed_expert_modules_forward(self: torch.nn.ModuleDict, hidden_states: torch.Tensor,
+                                         router_mask: torch.Tensor, router_probs: torch.Tensor) -> torch.Tensor:
+    """NLLB-MoE's experts output with static shapes: its forward one-hots ``router_mask`` over the experts first.
+
+    Its eval-mode token dropout scales every expert's output by ``1 - moe_token_dropout``; the sum is scaled
+    once, which is the same up to rounding.
+    """
+    expert_mask = torch.nn.functional.one_hot(router_mask, num_classes=self.num_experts).permute(2, 1, 0)
+    output = _dense_expert_modules(self, hidden_states, expert_mask, router_probs)
+    dropout = getattr(self, "moe_token_dropout", 0.0)
+    return output * (1 - dropout) if dropout > 0 and not self.training else output
+
+
+def _expert_modules_forwards(model: torch.nn.Module) -> dict[type, Any]:
+    """The ``nn.ModuleDict`` experts classes of ``model`` that loop over ``expert_hit``, each with its dense forward."""
+    chosen = {}
+    for owner in {type(m) for m in model.modules() if isinstance(m, torch.nn.ModuleDict)}:
+        try:
+            source = inspect.getsource(owner.forward)
+        except (OSError, TypeError):
+            continue
+        if "expert_hit" in source and 'self[f"expert_' in source:
+            indexed = "one_hot(router_mask" in source
+            chosen[owner] = dense_indexed_expert_modules_forward if indexed else dense_expert_modules_forward
+    return chosen
+
+
+@contextlib.contextmanager
+def patch_dense_expert_modules(model: torch.nn.Module) -> Iterator[None]:
+    """Run experts kept as one module per expert (``self[f"expert_{i}"]``) densely for the length of the block.
+
+    Model pattern: an ``nn.ModuleDict`` of experts whose forward loops over the experts a batch hits,
+    ``expert_hit = torch.greater(expert_mask.sum(...), 0).nonzero()``, and gathers each one's tokens
+    with ``torch.where`` (Switch Transformers, NLLB-MoE in transformers 5.22-5.24). Which experts run,
+    and on how many tokens, depends on the input's values: torch.export stops ("Could not guard on
+    data-dependent expression Eq(u0, 0)"). The dense form runs every expert on every token and weights
+    each output by its routing weight (zero where not routed): the same numbers, static shapes. The
+    classes are not ``@use_experts_implementation`` ones, so ``patch_dense_experts`` does not reach them.
+    A no-op for a model without such a class. Delete when transformers moves them to that decorator.
+
+    Args:
+        model: the model to export; only the experts classes it uses are patched.
+    """
+    with contextlib.ExitStack() as stack:
+        for owner, forward in _expert_modules_forwards(model).items():
+            stack.enter_context(swap_attr(owner, "forward", forward))
+        yield
+
+
 def moe_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     """Return the mixture-of-experts patches for ``model``, bound to it (no-ops without experts layers).
 
     Example:
         >>> [p.func.__name__ for p in moe_patches(torch.nn.Linear(1, 1))]
-        ['patch_dense_experts']
+        ['patch_dense_experts', 'patch_dense_expert_modules']
     """
-    return (functools.partial(patch_dense_experts, model),)
+    return (functools.partial(patch_dense_experts, model), functools.partial(patch_dense_expert_modules, model))

@@ -16,6 +16,7 @@ from hfx.patches import (
     arch_patches,
     patch_axial_positions,
     patch_complex_rotary,
+    patch_dense_global_attention,
     patch_funnel_positions,
     patch_latent_attention_keys,
     patch_padding_mask_from_a_python_range,
@@ -76,7 +77,8 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
     patches = arch_patches(dinov2)
     assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary,
                                          patch_real_fourier_mixing, patch_funnel_positions, patch_axial_positions,
-                                         patch_padding_mask_from_a_python_range, patch_tensor_len, patch_padding_mask_kept]
+                                         patch_padding_mask_from_a_python_range, patch_tensor_len, patch_padding_mask_kept,
+                                         patch_dense_global_attention]
     assert all(p.args == (dinov2,) for p in patches)
 
 

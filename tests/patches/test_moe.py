@@ -1,4 +1,4 @@
-"""patch_dense_experts: transformers' experts layers in a form every runtime lowers, with eager's outputs."""
+"""patch_dense_experts, patch_dense_expert_modules: transformers' experts layers in a form every runtime lowers, with eager's outputs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import hfx
-from hfx.patches import default_patches, dense_experts_forward, patch_dense_experts
+from hfx import zoo
+from hfx.patches import default_patches, dense_experts_forward, patch_dense_expert_modules, patch_dense_experts
+from hfx.patches._moe import dense_expert_modules_forward, dense_indexed_expert_modules_forward
 from tests.tolerances import FP32_ONE_BLOCK
 
 
@@ -90,3 +92,60 @@ def test_export_has_no_opaque_grouped_matmul_and_matches_eager_on_a_new_shape():
     with torch.no_grad():
         want = model(input_ids=new).logits
     torch.testing.assert_close(exported(input_ids=new).logits, want, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+
+
+# --- one module per expert, looped over the experts a batch hits (Switch Transformers, NLLB-MoE) --------------
+
+
+def _module_experts(task_type: str) -> torch.nn.Module:
+    """The first one-module-per-expert layer of the generated zoo's ``task_type`` model, biases made non-zero."""
+    model = zoo.build(task_type)
+    experts = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleDict) and "expert_0" in m)
+    with torch.no_grad():
+        for parameter in experts.parameters():
+            parameter.normal_(0, 0.5)
+    return experts
+
+
+def test_dense_expert_modules_equal_switch_transformers_loop():
+    experts = _module_experts("seq2seq-lm:switch_transformers")
+    generator = torch.Generator().manual_seed(1)
+    hidden = torch.randn(9, experts["expert_0"].wi.in_features, generator=generator)
+    choice = torch.randint(0, experts.num_experts, (9,), generator=generator)
+    selected = torch.nn.functional.one_hot(choice, experts.num_experts)[:, None]  # (T, 1, E)
+    selected[2] = 0  # a token over the expert's capacity goes to no expert
+    weights = torch.rand(9, 1, generator=generator)
+    with torch.no_grad():
+        want = experts(hidden, selected, weights)
+        got = dense_expert_modules_forward(experts, hidden, selected, weights)
+    torch.testing.assert_close(got, want, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+    assert torch.equal(got[2], torch.zeros_like(got[2]))
+
+
+def test_dense_expert_modules_equal_nllb_moe_loop_with_its_token_dropout():
+    experts = _module_experts("seq2seq-lm:nllb-moe").eval()
+    experts.moe_token_dropout = 0.2
+    generator = torch.Generator().manual_seed(2)
+    hidden = torch.randn(9, experts["expert_0"].fc1.in_features, generator=generator)
+    mask = torch.nn.functional.one_hot(torch.randint(0, experts.num_experts, (9,), generator=generator),
+                                       experts.num_experts)  # NLLB's router: top-1 one-hot, one-hot again inside
+    probs = torch.rand(9, experts.num_experts, generator=generator)
+    with torch.no_grad():
+        want = experts(hidden, mask, probs)
+        got = dense_indexed_expert_modules_forward(experts, hidden, mask, probs)
+    torch.testing.assert_close(got, want, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+
+
+def test_expert_modules_patch_is_a_no_op_without_them():
+    model = zoo.build("mixtral")
+    before = {type(m): vars(type(m)).get("forward") for m in model.modules()}
+    with patch_dense_expert_modules(model):
+        assert {type(m): vars(type(m)).get("forward") for m in model.modules()} == before
+
+
+def test_switch_transformers_exports_and_matches_eager_on_a_new_shape():
+    model = zoo.build("seq2seq-lm:switch_transformers")
+    inputs = zoo.forward_inputs("seq2seq-lm:switch_transformers", batch=2, sequence=7)
+    exported = hfx.export(hfx.capture(inputs)(model))
+    report = hfx.verify(model, zoo.forward_inputs("seq2seq-lm:switch_transformers", batch=3, sequence=11), exported)
+    assert report.passed, report
