@@ -109,6 +109,15 @@ def test_a_seq2seq_forward_gets_decoder_tokens_and_an_image_prompt_as_many_place
     assert int((ids == config.image_token_index).sum()) == patches
 
 
+def test_a_tower_that_inherits_the_default_main_input_gets_only_what_its_forward_names():
+    # Idefics3's vision transformer keeps PreTrainedModel's main_input_name "input_ids" but takes pixel_values;
+    # its **kwargs swallow input_ids eagerly, and an export refuses an input the forward does not name.
+    from hfx._zoo_generated._tasks import model_class
+
+    assert model_class("feature-extraction:idefics3_vision").main_input_name == "input_ids"
+    assert set(zoo.forward_inputs("feature-extraction:idefics3_vision")) == {"pixel_values"}
+
+
 def test_an_encoder_decoder_without_a_first_decoder_token_gets_the_pad_token_and_generates():
     config = generated.task_config("seq2seq-lm:longt5")  # its default names neither a start nor a BOS token
     assert config.decoder_start_token_id == config.pad_token_id == 0

@@ -157,11 +157,17 @@ def _image_prompt(name: str, config: Any, batch: int, sequence: int) -> dict[str
     return values
 
 
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
 def _main_inputs(name: str, config: Any, batch: int, sequence: int) -> dict[str, torch.Tensor]:
     """The model class's main input (``main_input_name``) built for the config, plus its attention mask."""
     cls = model_class(name)
     main = cls.main_input_name
     accepted = inspect.signature(cls.forward).parameters
+    named = [p for p in accepted if p != "self" and accepted[p].kind in _NAMED]
+    if main not in accepted and named:  # PreTrainedModel's default "input_ids", on a tower that takes pixel_values
+        main = named[0]
     if main == "inputs":  # Perceiver: one input whatever the modality, the task's
         modality = _TASK_INPUT.get(split_name(name)[0].name, "input_ids")
         values = _main_inputs_of(name, config, batch, sequence, modality, video=False)

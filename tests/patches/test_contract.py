@@ -202,6 +202,8 @@ ROWS = (
         slots=lambda model: [(modeling_mamba2, "mamba2_chunk_scan")]),
     Row(patch=patches.patch_gated_delta_rule_chunk_scan, args=_shared("causal-lm:qwen3_next"),
         slots=lambda model: [(modeling_qwen3_next, "torch_chunk_gated_delta_rule")]),
+    Row(patch=patches.patch_wkv_scan, args=_shared("causal-lm:rwkv"),
+        slots=lambda model: [(sys.modules["transformers.models.rwkv.modeling_rwkv"], "rwkv_linear_attention")]),
     Row(patch=patches.patch_rglru_scan, args=_shared("causal-lm:recurrent_gemma"),
         slots=lambda model: [(modeling_recurrent_gemma.RecurrentGemmaRglru, "_rnn_scan")]),
     Row(patch=patches.patch_latent_attention_keys, args=_shared("causal-lm:deepseek_v2"),
