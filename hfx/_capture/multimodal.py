@@ -20,7 +20,7 @@ import torch
 _MODALITIES = ("image", "video", "audio")
 # Children of a multimodal base model that map encoder features into the language model's embedding space.
 _PROJECTOR_NAMES = ("multi_modal_projector", "mm_projector", "connector", "embed_vision", "embed_audio",
-                    "audio_projector", "projector")
+                    "audio_projector", "projector", "vision_projection")
 # Config attributes holding the placeholder token each modality's features replace.
 _TOKEN_ATTRIBUTES = {
     "image": ("image_token_id", "image_token_index"),

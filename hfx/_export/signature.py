@@ -69,7 +69,6 @@ def flat_view(model: torch.nn.Module, names: tuple[str, ...], constants: Mapping
     graph's weight names are the model's own) but has its own ``__dict__``:
     ``model`` itself is not touched.
     """
-    forward = model.forward
     signature = inspect.Signature(
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
     )
@@ -78,7 +77,8 @@ def flat_view(model: torch.nn.Module, names: tuple[str, ...], constants: Mapping
     def flat_forward(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
         given = {id(tensor) for tensor in _tensors_of(bound.arguments)}  # before forward swaps cache tensors
-        return without_updated_inputs(forward(**bound.arguments, **fixed), given)
+        # model.forward read at call time: a patch that swaps the model's own class's forward takes effect
+        return without_updated_inputs(model.forward(**bound.arguments, **fixed), given)
 
     flat_forward.__signature__ = signature  # type: ignore[attr-defined]
     view = copy.copy(model)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import math
 import sys
 from collections.abc import Iterator
@@ -20,7 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from hfx.patches._core import Patch, swap_attr, swap_attr_on_each, swap_item
+from hfx.patches._core import defining_modules as _defining_modules
+from hfx.patches._core import source_contains as _source_contains
 from hfx.patches._global_attention import patch_dense_global_attention
+from hfx.patches._padded_images import patch_padded_image_batch
 
 
 def always_interpolated_positions(self: torch.nn.Module, embeddings: torch.Tensor, height: int,
@@ -414,14 +416,6 @@ def _batched_in_eval(forward: Any) -> Any:
     return batched
 
 
-def _source_contains(function: Any, text: str) -> bool:
-    """Whether ``function``'s source holds ``text`` (False where the source cannot be read)."""
-    try:
-        return text in inspect.getsource(function)
-    except (OSError, TypeError):
-        return False
-
-
 @contextlib.contextmanager
 def patch_axial_positions(model: torch.nn.Module) -> Iterator[None]:
     """Keep Reformer's batch dynamic: its axial position encodings gathered for all rows at once.
@@ -487,11 +481,6 @@ def patch_padding_mask_from_a_python_range(model: torch.nn.Module) -> Iterator[N
         for owner in classes:
             stack.enter_context(swap_attr(owner, "_prepare_attention_mask", arange_padding_mask))
         yield
-
-
-def _defining_modules(model: torch.nn.Module) -> set[Any]:
-    """The Python modules that define the classes of ``model``'s submodules (where a module-level patch goes)."""
-    return {module for module in (sys.modules.get(type(m).__module__) for m in model.modules()) if module is not None}
 
 
 def kept_padding_mask(input_ids: torch.Tensor, padding_idx: int = 1) -> torch.Tensor:
@@ -564,15 +553,16 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Returns:
         ``patch_position_interpolation``, ``patch_latent_attention_keys``, ``patch_complex_rotary``,
         ``patch_real_fourier_mixing``, ``patch_funnel_positions``, ``patch_axial_positions`` and
-        ``patch_padding_mask_from_a_python_range``, ``patch_tensor_len``, ``patch_padding_mask_kept`` and
-        ``patch_dense_global_attention`` bound to ``model``.
+        ``patch_padding_mask_from_a_python_range``, ``patch_tensor_len``, ``patch_padding_mask_kept``,
+        ``patch_dense_global_attention`` and ``patch_padded_image_batch`` bound to ``model``.
 
     Example:
         >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))][3:]
-        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention']
+        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch']
     """
     return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys,
                                                                patch_complex_rotary, patch_real_fourier_mixing,
                                                                patch_funnel_positions, patch_axial_positions,
                                                                patch_padding_mask_from_a_python_range, patch_tensor_len,
-                                                               patch_padding_mask_kept, patch_dense_global_attention))
+                                                               patch_padding_mask_kept, patch_dense_global_attention,
+                                                               patch_padded_image_batch))

@@ -7,6 +7,8 @@ process-global while active: do not run exports concurrently in threads.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import sys
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any, ContextManager
 
@@ -110,3 +112,16 @@ def with_patches(*patches: Patch) -> Iterator[None]:
                 msg = f"[with_patches] patch {name} failed to apply: {exc}. Every patch entered before it was undone."
                 raise PatchError(msg) from exc
         yield
+
+
+def source_contains(function: Any, text: str) -> bool:
+    """Whether ``function``'s source holds ``text`` (False where the source cannot be read): how a patch finds its model pattern."""
+    try:
+        return text in inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+
+
+def defining_modules(model: Any) -> set[Any]:
+    """The Python modules that define the classes of ``model``'s submodules (where a module-level patch goes)."""
+    return {module for module in (sys.modules.get(type(m).__module__) for m in model.modules()) if module is not None}

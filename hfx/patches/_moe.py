@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from hfx.patches._core import Patch, swap_attr, swap_attr_on_each
+from hfx.patches._core import Patch, source_contains, swap_attr, swap_attr_on_each
 
 
 def _experts_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -122,12 +121,8 @@ def _expert_modules_forwards(model: torch.nn.Module) -> dict[type, Any]:
     """The ``nn.ModuleDict`` experts classes of ``model`` that loop over ``expert_hit``, each with its dense forward."""
     chosen = {}
     for owner in {type(m) for m in model.modules() if isinstance(m, torch.nn.ModuleDict)}:
-        try:
-            source = inspect.getsource(owner.forward)
-        except (OSError, TypeError):
-            continue
-        if "expert_hit" in source and 'self[f"expert_' in source:
-            indexed = "one_hot(router_mask" in source
+        if source_contains(owner.forward, "expert_hit") and source_contains(owner.forward, 'self[f"expert_'):
+            indexed = source_contains(owner.forward, "one_hot(router_mask")
             chosen[owner] = dense_indexed_expert_modules_forward if indexed else dense_expert_modules_forward
     return chosen
 

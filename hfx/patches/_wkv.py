@@ -8,13 +8,11 @@ sequence length; its dispatcher also branches on ``key.size(1) == 1``.
 from __future__ import annotations
 
 import contextlib
-import inspect
-import sys
 from collections.abc import Iterator
 
 import torch
 
-from hfx.patches._core import swap_attr
+from hfx.patches._core import defining_modules, source_contains, swap_attr
 
 
 def _weighted_mean(logits: torch.Tensor, values: torch.Tensor, state_logit: torch.Tensor, state_num: torch.Tensor,
@@ -69,15 +67,8 @@ def parallel_wkv(time_decay: torch.Tensor, time_first: torch.Tensor, key: torch.
 
 def _wkv_modules(model: torch.nn.Module) -> list[object]:
     """The modules of ``model``'s classes whose ``rwkv_linear_attention_cpu`` loops over the tokens."""
-    found = []
-    for module in {sys.modules.get(type(m).__module__) for m in model.modules()} - {None}:
-        loop = vars(module).get("rwkv_linear_attention_cpu")
-        try:
-            if callable(loop) and "for current_index in range(seq_length)" in inspect.getsource(loop):
-                found.append(module)
-        except (OSError, TypeError):
-            continue
-    return found
+    return [module for module in defining_modules(model) if callable(loop := vars(module).get("rwkv_linear_attention_cpu"))
+            and source_contains(loop, "for current_index in range(seq_length)")]
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from hfx.patches import (
     patch_dense_global_attention,
     patch_funnel_positions,
     patch_latent_attention_keys,
+    patch_padded_image_batch,
     patch_padding_mask_from_a_python_range,
     patch_padding_mask_kept,
     patch_position_interpolation,
@@ -78,7 +79,7 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
     assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary,
                                          patch_real_fourier_mixing, patch_funnel_positions, patch_axial_positions,
                                          patch_padding_mask_from_a_python_range, patch_tensor_len, patch_padding_mask_kept,
-                                         patch_dense_global_attention]
+                                         patch_dense_global_attention, patch_padded_image_batch]
     assert all(p.args == (dinov2,) for p in patches)
 
 

@@ -1,0 +1,60 @@
+"""patch_padded_image_batch: Pixtral-style towers and patch mergers over a padded image batch, for any image count."""
+
+from __future__ import annotations
+
+import torch
+
+import hfx
+from hfx import zoo
+from hfx.patches import patch_padded_image_batch
+from tests.tolerances import FP32_ONE_BLOCK
+
+MISTRAL3 = "image-text-to-text:mistral3"
+
+
+def _padded_batch(config) -> tuple[dict[str, torch.Tensor], int]:
+    """Three images in one padded batch (32x32, 16x32, 32x16) and prompts holding each one's placeholders."""
+    patch, merge = config.vision_config.patch_size, config.spatial_merge_size
+    sizes = torch.tensor([[32, 32], [16, 32], [32, 16]])
+    counts = [(h // patch // merge) * (w // patch // merge) for h, w in sizes.tolist()]
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 200, (3, max(counts) + 6), generator=generator)
+    ids[ids == config.image_token_id] = 5
+    for row, count in enumerate(counts):
+        ids[row, 2:2 + count] = config.image_token_id
+    pixels = torch.randn(3, 3, 32, 32, generator=generator)
+    pixels[1, :, 16:], pixels[2, :, :, 16:] = 0, 0  # the processor's padding
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels, "image_sizes": sizes}, \
+        sum(counts)
+
+
+def test_a_vlm_exported_on_equal_images_gives_eager_logits_on_a_padded_batch_of_three():
+    model = zoo.build(MISTRAL3)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(MISTRAL3, batch=2, sequence=7))(model))
+    assert exported.io.inputs[2].shape == ("batch", 3, "height", "width")
+    inputs, features = _padded_batch(model.config)
+    with torch.no_grad():
+        want = model(**inputs)
+    got = exported(**inputs)
+    torch.testing.assert_close(got.logits, want.logits, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+    # one row per merged cell of the padded grid, every image's own rows first, in transformers' order
+    assert got.image_hidden_states.shape[0] == 3 * 2 * 2 > features
+    torch.testing.assert_close(got.image_hidden_states[:features], want.image_hidden_states,
+                               rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+
+
+def test_a_tower_alone_keeps_batch_and_image_size_dynamic():
+    name = "feature-extraction:pixtral"
+    model = zoo.build(name)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2))(model))
+    assert exported.io.inputs[0].shape == ("batch", 3, "height", "width")
+    pixels = torch.randn(3, 3, 48, 32, generator=torch.Generator().manual_seed(1))
+    report = hfx.verify(model, {"pixel_values": pixels}, exported)
+    assert report.passed, report
+
+
+def test_is_a_no_op_without_a_pixtral_tower():
+    model = zoo.build("llava")
+    before = {type(m): vars(type(m)).get("forward") for m in model.modules()}
+    with patch_padded_image_batch(model):
+        assert {type(m): vars(type(m)).get("forward") for m in model.modules()} == before
