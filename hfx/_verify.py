@@ -62,11 +62,14 @@ def _diff(name: str, got: torch.Tensor, want: torch.Tensor) -> OutputDiff:
         return OutputDiff(name=name, shape=tuple(want.shape), max_abs=float("inf"), max_rel=float("inf"))
     if got.numel() == 0:
         return OutputDiff(name=name, shape=tuple(want.shape), max_abs=0.0, max_rel=0.0)
-    delta = (got - want).abs()
+    # equal values are no difference, infinities (masked logits) and NaNs at the same places included
+    same = (got == want) | (got.isnan() & want.isnan())
+    delta = torch.where(same, 0.0, (got - want).abs())
     rel = delta / want.abs().clamp_min(1e-6)
     max_abs = float(delta.max()) if not delta.isnan().any() else float("nan")
+    finite = want[want.isfinite()].abs()
     return OutputDiff(name=name, shape=tuple(want.shape), max_abs=max_abs, max_rel=float(rel.max()),
-                      scale=float(want.abs().max()))
+                      scale=float(finite.max()) if finite.numel() else 0.0)
 
 
 @curry

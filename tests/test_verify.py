@@ -36,6 +36,19 @@ def test_nan_fails():
     assert not report.passed
 
 
+def test_equal_infinities_and_nans_are_no_difference_but_one_sided_ones_fail():
+    from hfx._verify import _diff
+
+    want = torch.tensor([1.0, -float("inf"), float("nan"), 2.0])
+    same = _diff("logits", want.clone(), want)
+    assert same.max_abs == 0.0 and same.scale == 2.0  # the scale is the largest finite magnitude, not inf
+    assert Report(program="p", atol=1e-4, diffs=[same]).passed
+    for wrong in (torch.tensor([1.0, float("nan"), float("nan"), 2.0]),  # NaN where eager masks
+                  torch.tensor([1.0, -float("inf"), 0.5, 2.0]),  # a number where eager has NaN
+                  torch.tensor([1.0, 0.0, float("nan"), 2.0])):  # a number where eager has -inf
+        assert not Report(program="p", atol=1e-4, rtol=1e-3, diffs=[_diff("logits", wrong, want)]).passed
+
+
 def test_verify_detects_a_wrong_program(models):
     model = models("bert")
     other = hfx.export(hfx.capture(new_inputs("bert"), hfx.zoo.build("bert", seed=1)))
