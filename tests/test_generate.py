@@ -106,6 +106,18 @@ def test_multi_token_decode_alone_prefills_and_decodes(models):
     torch.testing.assert_close(block.logits, want, atol=FP32_PARITY, rtol=FP32_PARITY)
 
 
+def test_a_model_without_a_cache_decodes_by_rerunning_the_whole_sequence():
+    # GPT-1 keeps no KV cache: generate() reruns the growing sequence (handing it an empty cache it never fills)
+    name = "causal-lm:openai-gpt"
+    model = zoo.build(name)
+    parts = hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model))
+    assert list(parts) == ["decode"] and parts.meta.roles.cache_input is None
+    programs = hfx.export(parts)
+    assert not any(spec.name.startswith("past_key_values") for spec in programs["decode"].io.inputs)
+    inputs = zoo.inputs(name, batch=3, sequence=9)
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
+
+
 def test_static_cache_is_updated_in_place_and_matches_eager(models):
     from transformers import GenerationConfig
 

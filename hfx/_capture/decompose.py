@@ -269,6 +269,8 @@ def decompose(
     elif multi_token_decode is None:  # the default merges only what one graph can fill from an empty cache
         merge = merge and full_attention_cache(calls)
     decode = _pick_decode(calls, multi_token=merge)
+    if decode is None and not multimodal and _cache_free(calls):
+        return _cache_free_components(model, calls[1], recorded, generation_config)
     if not calls or decode is None:
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
         raise CaptureError(describe("decompose", model, "decode", what, "Pass a prompt of at least 2 tokens."))
@@ -310,6 +312,30 @@ def decompose(
     )
     meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model), encoder_inputs=recorded.encoder_inputs)
     return Components(items=parts, meta=meta)
+
+
+def _cache_free(calls: list[dict[str, Any]]) -> bool:
+    """Whether ``generate`` ran the whole growing sequence each step: no call holds a cache, each takes one more token.
+
+    Models without a KV cache (GPT-1, XLM, XLNet without ``mems``, HRM) or whose config turns it off.
+    """
+    ids = [call.get("input_ids") for call in calls]
+    if len(calls) < 2 or any(_past_length(call) != 0 for call in calls):  # noqa: PLR2004 - prompt, a step
+        return False  # (generate hands such a model an empty cache it never fills)
+    return all(isinstance(t, torch.Tensor) for t in ids) and all(
+        later.shape[-1] == earlier.shape[-1] + 1 for earlier, later in zip(ids, ids[1:], strict=False))
+
+
+def _cache_free_components(model: torch.nn.Module, call: dict[str, Any], recorded: Any,
+                           generation_config: Any) -> Components:
+    """One ``decode`` graph of the whole forward over the sequence so far, as ``generate`` calls a model without a cache."""
+    settings = _generation_settings(model, generation_config)
+    roles = ComponentRoles(feature_encoders={}, projectors=recorded.projectors, cache_input=None, placeholder_tokens={})
+    meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model), encoder_inputs=recorded.encoder_inputs)
+    kwargs = {k: v for k, v in call.items() if not is_cache(v)}
+    if "use_cache" in kwargs:  # the empty cache generate handed it is not an input; nothing to return either
+        kwargs["use_cache"] = False
+    return Components(items={"decode": Capture(module=model, source=model, kwargs=kwargs, name="decode")}, meta=meta)
 
 
 def _merged_language_model(model: torch.nn.Module, recorded: Any, merge: bool, *, asked: bool | None) -> Capture | None:
