@@ -38,6 +38,9 @@ def _cache_rule(name: str, owners: tuple[type, ...]) -> Mapping[int, str]:
         return {0: "batch", 2: "sequence"}  # cross-attention keys span the encoder's tokens
     if name.rsplit(".", 1)[-1] in ("keys", "values") and "Static" not in layer:
         return {0: "batch", 2: "past_sequence"}
+    if name.rsplit(".", 1)[-1] == "indexer_keys" and "Static" not in layer:
+        # DeepSeek sparse attention's indexer keeps its own keys, [batch, past, dim], as long as the past
+        return {0: "batch", 1: "past_sequence"}
     return {0: "batch"}
 
 

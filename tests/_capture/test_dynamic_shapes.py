@@ -90,3 +90,17 @@ def test_a_subject_that_is_not_a_capture_is_named_with_its_component():
     with pytest.raises(AttributeError) as info:
         hfx.infer_dynamic_shapes(hfx.Components(items={"decode": object()}))
     assert info.value.__notes__ == ["in component 'decode' of infer_dynamic_shapes"]
+
+
+def test_a_sparse_attention_indexers_keys_grow_with_the_past():
+    # DeepSeek-V3.2's indexer caches its own keys, [batch, past, dim]: the same past as the attention's keys
+    name = "causal-lm:deepseek_v32"
+    model = zoo.build(name)
+    parts = hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model))
+    decode = hfx.export(parts["decode"])
+    indexer = [spec for spec in decode.io.inputs if spec.name.endswith(".indexer_keys")]
+    assert indexer and all(spec.shape[:2] == ("batch", "past_sequence") for spec in indexer)
+    inputs = zoo.inputs(name, batch=3, sequence=9)
+    with torch.no_grad():
+        want = model.generate(**inputs, max_new_tokens=5, do_sample=False)
+    assert torch.equal(hfx.generate(inputs, hfx.export(parts), max_new_tokens=5), want)
