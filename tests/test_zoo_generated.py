@@ -118,6 +118,16 @@ def test_a_tower_that_inherits_the_default_main_input_gets_only_what_its_forward
     assert set(zoo.forward_inputs("feature-extraction:idefics3_vision")) == {"pixel_values"}
 
 
+def test_a_randomly_masking_model_gets_its_draw_as_an_input_so_two_runs_agree():
+    name = "feature-extraction:vit_mae"
+    inputs = zoo.forward_inputs(name, batch=2)
+    config = zoo.entry(name).config()
+    assert inputs["noise"].shape == (2, (config.image_size // config.patch_size) ** 2)
+    model = zoo.build(name)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).last_hidden_state, model(**inputs).last_hidden_state)
+
+
 def test_an_encoder_decoder_without_a_first_decoder_token_gets_the_pad_token_and_generates():
     config = generated.task_config("seq2seq-lm:longt5")  # its default names neither a start nor a BOS token
     assert config.decoder_start_token_id == config.pad_token_id == 0

@@ -214,6 +214,11 @@ def _main_inputs_of(name: str, config: Any, batch: int, sequence: int, main: str
             values["grid_thw"] = values.pop("image_grid_thw")
     elif main == "pixel_values":
         values = {"pixel_values": _pixels(config, batch, video=video)}
+        size, patch = find(config, "image_size"), find(config, "patch_size")
+        if "noise" in accepted and find(config, "mask_ratio") and is_int(size) and is_int(patch):
+            # ViT-MAE masks a random subset of patches, drawn with torch.rand unless given: eager and a program
+            # only agree on the same draw, so the draw is an input
+            values["noise"] = torch.rand(batch, (size // patch) ** 2, generator=_generator(batch, sequence, salt=5))
     elif main == "input_values":
         samples = _waveform_length(config, sequence)
         channels = find(config, "audio_channels")  # audio codecs (EnCodec, Mimi) take channels x samples
