@@ -21,6 +21,9 @@ Gemma 3n's MLP computes the threshold of its activation sparsity with
 transformers 5.22-5.24), which is ``erfinv``, inside the graph. ``giles_erfinv``
 computes it with two polynomials; ONNX's translation of the op
 (``hfx.backends._onnx_translations``) is the same function over ONNX ops.
+
+``cropping_constant_pad``: ``aten.constant_pad_nd`` with a negative entry (a crop, RWKV's token
+shift) as a pad and a slice, for ExecuTorch, whose kernel refuses negative padding.
 """
 
 from __future__ import annotations
@@ -135,6 +138,31 @@ def polynomial_erfinv(self: torch.Tensor) -> Any:
 
 
 # The decompositions of the ATen ops that OpenVINO's frontend or ExecuTorch's kernels lack (module docstring).
+def cropping_constant_pad(self: torch.Tensor, pad: list[int], value: float = 0.0) -> Any:
+    """``aten.constant_pad_nd`` with negative entries (a crop) as a pad of the positive ones, then slices;
+    ``NotImplemented`` (the op as it is) when no entry is a negative int.
+
+    RWKV shifts its tokens with ``nn.ZeroPad2d((0, 0, 1, -1))`` (transformers 5.22-5.24): one row of zeros
+    before, the last row cropped. ExecuTorch 1.5.1's ``constant_pad_nd`` kernel refuses negative
+    padding ("Padding values must be non-negative", kernel_ops_util.cpp), and the method fails to run.
+
+    Example:
+        >>> cropping_constant_pad(torch.arange(4.0)[None], [1, -1]).tolist()
+        [[0.0, 0.0, 1.0, 2.0]]
+    """
+    if not all(isinstance(p, int) for p in pad) or min(pad, default=0) >= 0:
+        return NotImplemented
+    positive = [max(p, 0) for p in pad]
+    output = torch.ops.aten.constant_pad_nd.default(self, positive, value) if any(positive) else self
+    for pair in range(len(pad) // 2):  # pairs run from the last dim backwards
+        dim = self.dim() - 1 - pair
+        before, after = pad[2 * pair], pad[2 * pair + 1]
+        if before < 0 or after < 0:
+            end = output.shape[dim] + min(after, 0)
+            output = torch.ops.aten.slice.Tensor(output, dim, -min(before, 0), end)
+    return output
+
+
 DENSE_DECOMPOSITIONS = {torch.ops.aten.scatter_reduce.two: dense_scatter_reduce,
                         torch.ops.aten.erfinv.default: polynomial_erfinv}
 # op -> the name of the ExecuTorch kernel that would run it.

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from hfx.patches._core import Patch, swap_attr, swap_attr_on_each
-from hfx.patches._wkv import patch_wkv_scan
+from hfx.patches._wkv import patch_rwkv_rescale_in_place, patch_wkv_scan
 
 
 def _prepadded_update_conv_state(original: Any) -> Any:
@@ -408,12 +408,13 @@ def ssm_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
 
     Returns:
         ``patch_linear_attention_conv_state``, then ``patch_mamba_selective_scan``, ``patch_mamba2_chunk_scan``,
-        ``patch_rglru_scan`` and ``patch_wkv_scan`` bound to ``model``.
+        ``patch_rglru_scan``, ``patch_wkv_scan`` and ``patch_rwkv_rescale_in_place`` bound to ``model``.
 
     Example:
         >>> [getattr(p, "func", p).__name__ for p in ssm_patches(torch.nn.Linear(1, 1))]
-        ['patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan']
+        ['patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place']
     """
     bound = tuple(functools.partial(patch, model)
-                  for patch in (patch_mamba_selective_scan, patch_mamba2_chunk_scan, patch_rglru_scan, patch_wkv_scan))
+                  for patch in (patch_mamba_selective_scan, patch_mamba2_chunk_scan, patch_rglru_scan, patch_wkv_scan,
+                                patch_rwkv_rescale_in_place))
     return (patch_linear_attention_conv_state, *bound)

@@ -87,3 +87,32 @@ def patch_wkv_scan(model: torch.nn.Module) -> Iterator[None]:
         for module in _wkv_modules(model):
             stack.enter_context(swap_attr(module, "rwkv_linear_attention", parallel_wkv))
         yield
+
+
+@contextlib.contextmanager
+def patch_rwkv_rescale_in_place(model: torch.nn.Module) -> Iterator[None]:
+    """Trace RWKV without the in-place weight rescaling its first eval-mode forward does.
+
+    Model pattern: ``RwkvModel.forward`` calls ``_rescale_layers()`` when ``training ==
+    layers_are_rescaled``, dividing each block's output weights by ``2 ** (block_id // rescale_every)``
+    in place, and then halves the hidden states every ``rescale_every`` blocks (transformers 5.22-5.24;
+    a guard against float16 overflow). Traced, the division is a mutation of parameters: every run of
+    the program would divide again, and ExecuTorch returns the mutated weights as extra outputs. Powers
+    of two scale exactly, so ``rescale_every = 0`` for the block (the model's config, restored after)
+    computes the same float32 values without mutating anything; a float16 export loses the guard. A
+    model that has run in eval mode already holds rescaled weights and traces as it is. An exported
+    torch program shares the model's weights: an eager eval-mode forward after the export rescales them
+    under it (lowered programs hold their own copy). A no-op for other models. Delete when transformers rescales without mutating its weights.
+
+    Args:
+        model: the model to export; its RWKV base model's config is patched.
+    """
+    # only where the forward would rescale: after an eval-mode run the weights are rescaled already, and the
+    # forward then halves the hidden states without touching them, which traces as it is
+    configs = {id(m.config): m.config for m in model.modules()
+               if callable(getattr(m, "_rescale_layers", None)) and getattr(m.config, "rescale_every", 0)
+               and getattr(m, "layers_are_rescaled", None) == m.training}
+    with contextlib.ExitStack() as stack:
+        for config in configs.values():
+            stack.enter_context(swap_attr(config, "rescale_every", 0))
+        yield

@@ -204,6 +204,8 @@ ROWS = (
         slots=lambda model: [(modeling_qwen3_next, "torch_chunk_gated_delta_rule")]),
     Row(patch=patches.patch_wkv_scan, args=_shared("causal-lm:rwkv"),
         slots=lambda model: [(sys.modules["transformers.models.rwkv.modeling_rwkv"], "rwkv_linear_attention")]),
+    Row(patch=patches.patch_rwkv_rescale_in_place, args=_shared("causal-lm:rwkv"),
+        slots=lambda model: [(model.config, "rescale_every")]),
     Row(patch=patches.patch_rglru_scan, args=_shared("causal-lm:recurrent_gemma"),
         slots=lambda model: [(modeling_recurrent_gemma.RecurrentGemmaRglru, "_rnn_scan")]),
     Row(patch=patches.patch_latent_attention_keys, args=_shared("causal-lm:deepseek_v2"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers.models.rwkv import modeling_rwkv
@@ -9,7 +11,7 @@ from transformers.models.rwkv import modeling_rwkv
 import hfx
 from hfx import zoo
 from hfx.patches import parallel_wkv, patch_wkv_scan
-from tests.tolerances import FP32_ONE_BLOCK
+from tests.tolerances import FP32_ONE_BLOCK, FP32_PARITY
 
 
 def _wkv_inputs(length: int, seed: int) -> tuple[torch.Tensor, ...]:
@@ -54,3 +56,31 @@ def test_rwkv_keeps_its_sequence_dynamic_and_matches_eager_on_a_new_shape():
     assert exported.io.inputs[0].shape == ("batch", "sequence")
     report = hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported)
     assert report.passed, report
+
+
+def _rwkv_past_its_rescale_block() -> torch.nn.Module:
+    """Seven blocks, rescale_every 6: eager's first eval forward halves block 6's output weights in place."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.RwkvConfig(vocab_size=64, hidden_size=32, num_hidden_layers=7, attention_hidden_size=32,
+                                     intermediate_size=64, context_length=64, rescale_every=6)
+    return transformers.RwkvForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("ran_eagerly", [False, True], ids=["fresh", "already-rescaled"])
+def test_rwkv_past_its_rescale_block_gives_eager_logits_on_every_run_without_mutating_weights(ran_eagerly):
+    model = _rwkv_past_its_rescale_block()
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+    if ran_eagerly:
+        with torch.no_grad():
+            model(input_ids=ids)
+    reference = copy.deepcopy(model)  # the program shares the model's weights, which eager rescales in place
+    exported = hfx.export(hfx.capture({"input_ids": ids}, model))
+    assert not exported.program.graph_signature.buffers_to_mutate
+    assert not any(node.target == torch.ops.aten.div_.Tensor for node in exported.program.graph.nodes)
+    new = torch.randint(0, 64, (3, 11), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = reference(input_ids=new).logits
+    for _ in range(2):  # a program that divided its weights again on each run would drift
+        torch.testing.assert_close(exported(input_ids=new).logits, want, rtol=FP32_PARITY, atol=FP32_PARITY)
