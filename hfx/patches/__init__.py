@@ -29,6 +29,7 @@ from hfx.patches._cache import patch_sliding_window_cache
 from hfx.patches._core import Patch, swap_attr, swap_item, with_patches
 from hfx.patches._wkv import parallel_wkv, patch_rwkv_rescale_in_place, patch_wkv_scan
 from hfx.patches._padded_images import patch_padded_image_batch
+from hfx.patches._pixel_shuffle import patch_integer_pixel_shuffle
 from hfx.patches._global_attention import dense_global_attention_forward, patch_dense_global_attention
 from hfx.patches._delta_rule import (
     delta_rule_patches,
@@ -76,7 +77,7 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Example:
         >>> import torch
         >>> [getattr(p, "func", p).__name__ for p in default_patches(torch.nn.Linear(1, 1))]
-        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_dense_experts', 'patch_dense_expert_modules']
+        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_dense_experts', 'patch_dense_expert_modules']
     """
     bound = tuple(
         functools.partial(patch, model)
@@ -105,6 +106,7 @@ __all__ = [
     "patch_dense_experts",
     "patch_dense_global_attention",
     "patch_padded_image_batch",
+    "patch_integer_pixel_shuffle",
     "dense_global_attention_forward",
     "patch_dense_expert_modules",
     "patch_eval_mode",

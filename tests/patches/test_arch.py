@@ -18,6 +18,7 @@ from hfx.patches import (
     patch_complex_rotary,
     patch_dense_global_attention,
     patch_funnel_positions,
+    patch_integer_pixel_shuffle,
     patch_latent_attention_keys,
     patch_padded_image_batch,
     patch_padding_mask_from_a_python_range,
@@ -79,7 +80,8 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
     assert [p.func for p in patches] == [patch_position_interpolation, patch_latent_attention_keys, patch_complex_rotary,
                                          patch_real_fourier_mixing, patch_funnel_positions, patch_axial_positions,
                                          patch_padding_mask_from_a_python_range, patch_tensor_len, patch_padding_mask_kept,
-                                         patch_dense_global_attention, patch_padded_image_batch]
+                                         patch_dense_global_attention, patch_padded_image_batch,
+                                         patch_integer_pixel_shuffle]
     assert all(p.args == (dinov2,) for p in patches)
 
 
@@ -435,3 +437,19 @@ def test_fsmt_exports_with_its_decoder_padding_mask_kept_and_gives_eagers_number
     assert torch.equal(kept_padding_mask(ids, 1), module.make_padding_mask(ids, 1))
     exported = hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7), model))
     assert hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported).passed
+
+
+# patch_integer_pixel_shuffle
+
+
+def test_integer_pixel_shuffle_equals_internvls_and_exports_with_dynamic_batch():
+    name = "image-text-to-text:internvl"
+    model = zoo.build(name)
+    features = torch.randn(2, 4, 6, 8)
+    with torch.no_grad():
+        want = model.model.pixel_shuffle(features, 0.5)
+        with patch_integer_pixel_shuffle(model):
+            assert torch.equal(model.model.pixel_shuffle(features, 0.5), want)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7))(model))
+    report = hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported)
+    assert report.passed, report
