@@ -74,7 +74,9 @@ def feature_frames_axis(model: torch.nn.Module | None, shape: tuple[int, ...]) -
         >>> feature_frames_axis(model, (2, 72, 8)), feature_frames_axis(None, (2, 72, 8))
         (1, -1)
     """
-    counts = _config_ints(getattr(model, "config", None), _FEATURE_COUNTS)
+    # a wrapper (decompose's encoder with the cross-attention cache) has no config: its first submodule that has one
+    config = next((m.config for m in model.modules() if hasattr(m, "config")), None) if model is not None else None
+    counts = _config_ints(config, _FEATURE_COUNTS)
     return 1 if len(shape) == 3 and shape[-1] in counts and shape[1] not in counts else -1
 
 

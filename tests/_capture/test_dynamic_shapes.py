@@ -104,3 +104,11 @@ def test_a_sparse_attention_indexers_keys_grow_with_the_past():
     with torch.no_grad():
         want = model.generate(**inputs, max_new_tokens=5, do_sample=False)
     assert torch.equal(hfx.generate(inputs, hfx.export(parts), max_new_tokens=5), want)
+
+
+def test_a_decomposed_speech_encoders_frames_axis_is_read_from_the_wrapped_models_config():
+    # decompose's encoder (with the cross-attention cache) wraps the model and has no config of its own
+    name = "speech-seq2seq:speech_to_text"
+    parts = hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), zoo.build(name)))
+    encoder = hfx.export(parts["encoder"])
+    assert encoder.io.inputs[0].shape == ("batch", "frames", zoo.inputs(name)["input_features"].shape[-1])
