@@ -96,8 +96,12 @@ def _eager_tokens(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tenso
 def _token_result(got: torch.Tensor, want: torch.Tensor, seconds: float) -> dict[str, Any]:
     match = got.shape == want.shape and torch.equal(got, want)
     result = {"status": "pass" if match else "fail", "export_s": round(seconds, 2), "tokens_match": match}
-    if not match:
-        result["reason"] = f"tokens differ: got {got.tolist()[0][-NEW_TOKENS:]} want {want.tolist()[0][-NEW_TOKENS:]}"
+    if not match and got.shape != want.shape:
+        result["reason"] = f"tokens differ: got shape {tuple(got.shape)}, want {tuple(want.shape)}"
+    elif not match:
+        row = int((got != want).any(dim=-1).nonzero()[0])
+        result["reason"] = (f"tokens differ: row {row} got {got.tolist()[row][-NEW_TOKENS:]} "
+                            f"want {want.tolist()[row][-NEW_TOKENS:]}")
     return result
 
 
@@ -108,7 +112,11 @@ def hfx_generation(arch: str, runtime: str) -> dict[str, Any]:
         lambda: HFX_LOWERINGS[runtime](hfx.export(hfx.decompose(hfx.capture(zoo.inputs(arch, **CAPTURE), model))))
     )
     prompt = zoo.inputs(arch, **PROMPT)
-    got = hfx.generate(copy.deepcopy(prompt), programs, max_new_tokens=NEW_TOKENS)
+    if (getattr(model.generation_config, "num_beams", None) or 1) > 1:  # hfx.generate's loop refuses beam search
+        with torch.no_grad():  # transformers' generate, beams and all, over the programs
+            got = hfx.as_model(programs).generate(**copy.deepcopy(prompt), max_new_tokens=NEW_TOKENS, do_sample=False)
+    else:
+        got = hfx.generate(copy.deepcopy(prompt), programs, max_new_tokens=NEW_TOKENS)
     return _token_result(got, _eager_tokens(model, prompt), seconds)
 
 

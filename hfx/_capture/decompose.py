@@ -317,7 +317,8 @@ def decompose(
 def _cache_free(calls: list[dict[str, Any]]) -> bool:
     """Whether ``generate`` ran the whole growing sequence each step: no call holds a cache, each takes one more token.
 
-    Models without a KV cache (GPT-1, XLM, XLNet without ``mems``, HRM) or whose config turns it off.
+    Models without a KV cache (GPT-1) or whose config turns it off (the generated zoo's MPT). Not XLM, whose
+    ``langs`` generate builds per step, nor XLNet, which appends a dummy token with its own masks.
     """
     ids = [call.get("input_ids") for call in calls]
     if len(calls) < 2 or any(_past_length(call) != 0 for call in calls):  # noqa: PLR2004 - prompt, a step
