@@ -351,7 +351,7 @@ def _merged_language_model(model: torch.nn.Module, recorded: Any, merge: bool, *
         ValueError: ``asked`` (``multi_token_decode=True``) and the language model cannot take the steps.
     """
     calls = recorded.part_calls.get("language_model", [])
-    mergeable = merge and len(calls) >= 3 and full_attention_cache(calls)  # noqa: PLR2004 - the prompt and two steps
+    mergeable = merge and len(calls) >= 3 and full_attention_cache(calls) and not _prompt_only_inputs(calls)  # noqa: PLR2004 - the prompt and two steps
     if asked and not mergeable:
         msg = (f"decompose(multi_token_decode=True): {type(model).__name__}'s prefill cannot be split around a "
                "language model that takes the 2D padding mask, or its cache is not all full-attention layers, so "
@@ -362,6 +362,18 @@ def _merged_language_model(model: torch.nn.Module, recorded: Any, merge: bool, *
         return None
     module = recorded.parts["language_model"][0]
     return Capture(module=module, source=module, kwargs=kwargs, name="language_model")
+
+
+def _prompt_only_inputs(calls: list[dict[str, Any]]) -> list[str]:
+    """The language model's keywords that hold tensors for the prompt and ``None`` for the steps.
+
+    Qwen3-VL adds its tower's deepstack features to the prompt's hidden states in the first layers
+    (``deepstack_visual_embeds``, ``visual_pos_masks``): a graph traced on a step, where they are ``None``,
+    has no input for them, so it cannot take the prompt.
+    """
+    prompt, step = calls[0], calls[1]
+    return [name for name, value in prompt.items()
+            if step.get(name) is None and owned_tensors({"value": value}) and not is_cache(value)]
 
 
 def _cross_cache_encoder(model: torch.nn.Module, settings: GenerationSettings) -> Any:
