@@ -246,13 +246,30 @@ def test_the_decomposition_patch_steps_aside_when_the_table_has_the_ops(monkeypa
 
     def fixed(*args, **kwargs):
         table = original(*args, **kwargs)
-        for op in (torch.ops.aten.bucketize.Tensor, torch.ops.aten.scatter_reduce.two, torch.ops.aten.erfinv.default):
+        for op in (torch.ops.aten.bucketize.Tensor, torch.ops.aten.scatter_reduce.two, torch.ops.aten.erfinv.default,
+                   torch.ops.aten.constant_pad_nd.default):
             table[op] = lambda *a, **k: None
         return table
 
     monkeypatch.setattr(_program, "_default_decomposition_table", fixed)
     with patch_edge_decomposition_table():
         assert vars(_program)["_default_decomposition_table"] is fixed
+
+
+def test_a_negative_padding_crop_lowers_to_executorch_and_matches_eager():
+    # RWKV's token shift, nn.ZeroPad2d((0, 0, 1, -1)): ExecuTorch's constant_pad_nd kernel refuses the -1
+    class Shift(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shift = torch.nn.ZeroPad2d((0, 0, 1, -1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.shift(x) * 2 + x
+
+    model = Shift().eval()
+    program = hfx.lower_to_pte(hfx.export(hfx.capture({"x": torch.randn(2, 5, 4)}, model)))
+    x = torch.randn(2, 5, 4)
+    torch.testing.assert_close(program(x=x), model(x))
 
 
 # --- the XNNPACK partitioner -----------------------------------------------------------------------
