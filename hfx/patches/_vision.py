@@ -146,8 +146,10 @@ def patch_conv3d_patch_embedding() -> Iterator[None]:
 # (LLaVA's ``list(image_features)``, Idefics 2/3 and SmolVLM's ``split(num_real_images_per_batch.tolist())``).
 # Pixtral-based ones (Mistral 3, Mistral Large 4, LightOnOCR, MiniMax-M3-VL) split the projected features with sizes
 # from ``image_sizes``: ``torch.split(image_features(.squeeze(0)), split_sizes)``.
+# HyperCLOVAX-Vision-V2 splits its projector's output of the packed tower: ``torch.split(image_embeds, split_sizes)``.
 _PER_IMAGE_SPLITS = ("= list(image_features)", ".split(num_real_images_per_batch.tolist())",
-                     "torch.split(image_features, split_sizes)", "torch.split(image_features.squeeze(0), split_sizes)")
+                     "torch.split(image_features, split_sizes)", "torch.split(image_features.squeeze(0), split_sizes)",
+                     "torch.split(image_embeds, split_sizes)")
 # Feature methods that split their packed-image tower's output per image (Qwen2-VL, Qwen2.5-VL:
 # ``torch.split(vision_outputs.pooler_output, split_sizes)``; Qwen3-VL: ``torch.split(image_embeds, split_sizes)``
 # of the tower's ``pooler_output``, and each of its ``deepstack_features`` alike), the sizes from

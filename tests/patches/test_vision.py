@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import hfx
 from hfx import zoo
 from hfx.patches import patch_packed_vision_attention
 from tests.tolerances import FP32_ONE_BLOCK, FP32_PARITY, FP32_SAME_KERNELS
@@ -180,3 +181,14 @@ def test_the_window_patch_leaves_other_models_alone(models):
 
     with patch_window_permutation(models("qwen2_vl")):  # no windows: nothing to undo
         assert vars(qwen2_vl)["torch"] is torch and vars(modeling)["torch"] is torch
+
+
+def test_a_projector_after_a_packed_tower_is_joined_so_the_image_count_stays_dynamic():
+    # HyperCLOVAX-Vision-V2 splits its projector's output per image: torch.split(image_embeds, split_sizes)
+    name = "image-text-to-text:hyperclovax_vision_v2"
+    model = zoo.build(name)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7))(model))
+    grids = next(spec for spec in exported.io.inputs if spec.name == "image_grid_thw")
+    assert grids.shape[0] != 2  # not pinned to the capture's two images
+    report = hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported)
+    assert report.passed, report
