@@ -413,6 +413,9 @@ def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_n
     state["encoder_outputs"], cross = split_encoder_output(encoder(**encoder_inputs))
     if "attention_mask" in encoder_inputs:
         state["attention_mask"] = encoder_inputs["attention_mask"]
+    prompt_takes = input_keys(programs[prompt_component(programs)].io)
+    # what the first decoder step takes as well (T5Gemma 2's prefill is traced with the pixel values too)
+    state.update({k: v for k, v in encoder_inputs.items() if k in prompt_takes and k not in state})
     batch = next(iter(encoder_inputs.values())).shape[0]
     start = programs.meta.generation.decoder_start_token_id
     tokens = torch.full((batch, 1), int(start), dtype=torch.long)

@@ -130,6 +130,15 @@ def test_a_language_model_with_prompt_only_inputs_is_not_merged_and_generate_nam
         hfx.generate(zoo.inputs(name, batch=2, sequence=9), hfx.export(parts), max_new_tokens=2)
 
 
+def test_an_encoder_input_the_first_decoder_step_also_takes_is_handed_to_it():
+    # T5Gemma 2's encoder reads the image, and its first decoder step is traced with pixel_values too
+    name = "seq2seq-lm:t5gemma2"
+    model = zoo.build(name)
+    programs = hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model)))
+    inputs = zoo.inputs(name, batch=3, sequence=9)
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
+
+
 def test_static_cache_is_updated_in_place_and_matches_eager(models):
     from transformers import GenerationConfig
 
