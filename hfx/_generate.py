@@ -303,6 +303,10 @@ def _concatenated(outputs: list[Any]) -> Any:
 _GENERATED_TOKEN_TYPES = {"mm_token_type_ids": 0, "token_type_ids": 1}
 
 
+# What transformers' generate(inputs=...) may stand for: the modality's main input.
+_MAIN_INPUTS = ("input_ids", "input_values", "input_features", "pixel_values")
+
+
 def runner(program: Any) -> Any:
     """What the loop calls: a stateful program's session (its cache grows inside the runtime), else the program."""
     return program.session() if getattr(program, "state", ()) else program
@@ -409,7 +413,13 @@ def _generate_decoder_only(programs: Components, state: dict[str, Any], max_new_
 def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_new_tokens: int, eos: set[int],
                               pad: Any, how: Any) -> torch.Tensor:
     encoder = programs["encoder"]
-    encoder_inputs = {k: state.pop(k) for k in list(state) if k in input_keys(encoder.io)}
+    takes = input_keys(encoder.io)
+    # generate(inputs=...) names the main input generically (SpeechEncoderDecoder, whose main_input_name is
+    # "inputs"); the encoder was traced on what generate made of it
+    main = [k for k in takes if k in _MAIN_INPUTS and k not in state]
+    if "inputs" in state and "inputs" not in takes and len(main) == 1:
+        state[main[0]] = state.pop("inputs")
+    encoder_inputs = {k: state.pop(k) for k in list(state) if k in takes}
     state["encoder_outputs"], cross = split_encoder_output(encoder(**encoder_inputs))
     if "attention_mask" in encoder_inputs:
         state["attention_mask"] = encoder_inputs["attention_mask"]

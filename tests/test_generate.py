@@ -139,6 +139,16 @@ def test_an_encoder_input_the_first_decoder_step_also_takes_is_handed_to_it():
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
 
 
+def test_a_prompt_under_generates_generic_inputs_name_reaches_the_encoder():
+    # SpeechEncoderDecoder's main_input_name is "inputs"; its encoder was traced on input_values
+    name = "speech-seq2seq:speech-encoder-decoder"
+    model = zoo.build(name)
+    programs = hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model)))
+    inputs = zoo.inputs(name, batch=3, sequence=9)
+    assert set(inputs) == {"inputs"}
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
+
+
 def test_static_cache_is_updated_in_place_and_matches_eager(models):
     from transformers import GenerationConfig
 
