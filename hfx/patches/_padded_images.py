@@ -126,7 +126,8 @@ def patch_padded_image_batch(model: torch.nn.Module) -> Iterator[None]:
     them), and the merger merges the padded grid, putting every image's merged cells inside its size
     first, in transformers' order: the features the model scatters into its placeholders, for any
     number and size of images. The model's placeholder check then asks for at least as many feature
-    rows as placeholders (``padded_placeholder_mask``). A tower called alone returns the padded grid's tokens, which are
+    rows as placeholders (``padded_placeholder_mask``). A tower with no such merger after it (LLaVA over
+    Pixtral) is left as it is: its reader would get the padding between the images' tokens. A tower called alone returns the padded grid's tokens, which are
     transformers' packed tokens when no image is padded. A no-op for other models. Delete when
     transformers' Pixtral stops looping over images.
 
@@ -139,6 +140,10 @@ def patch_padded_image_batch(model: torch.nn.Module) -> Iterator[None]:
               and all(hasattr(m, name) for name in ("patch_conv", "ln_pre", "patch_positional_embedding"))}
     mergers = {type(m) for m in modules if source_contains(type(m).forward, _MERGER_LOOP)
                and all(hasattr(m, name) for name in ("merging_layer", "spatial_merge_size", "patch_size"))}
+    if not mergers and type(model) not in towers:
+        # A Pixtral tower without a merger after it (LLaVA over Pixtral) would hand its reader the padded grid's
+        # tokens, padding between the images' own: only the merger puts them first. Leave such a model alone.
+        towers = set()
     exact = "n_image_tokens * inputs_embeds.shape[-1] == image_features.numel()"
     placeholders = {type(m) for m in modules if towers and source_contains(getattr(type(m), "get_placeholder_mask", None),
                                                                            exact)}

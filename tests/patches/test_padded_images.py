@@ -58,3 +58,19 @@ def test_is_a_no_op_without_a_pixtral_tower():
     before = {type(m): vars(type(m)).get("forward") for m in model.modules()}
     with patch_padded_image_batch(model):
         assert {type(m): vars(type(m)).get("forward") for m in model.modules()} == before
+
+
+def test_a_pixtral_tower_without_a_merger_after_it_is_left_alone():
+    # LLaVA over Pixtral splits the tower's tokens per image itself: the padded grid's tokens would mislead it
+    import transformers
+
+    config = transformers.LlavaConfig(
+        vision_config=transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                       num_attention_heads=2, image_size=32, patch_size=8),
+        text_config=transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2), image_token_index=5)
+    model = transformers.LlavaForConditionalGeneration(config)
+    tower = type(model.model.vision_tower)
+    before = vars(tower)["forward"]
+    with patch_padded_image_batch(model):
+        assert vars(tower)["forward"] is before
