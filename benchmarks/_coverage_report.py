@@ -152,10 +152,13 @@ def generated_counts(cells: dict[str, Any], census: dict[str, Any], tool: str) -
         texts = []
         for runtime, kind in columns:
             ran = [r for r in (cells.get(f"{n},{runtime},{kind},{tool}") for n in ok) if r is not None]
+            counted = [r for r in ran if r["status"] != "n/a"]  # n/a: no reference to compare with, not counted
             if kind == "generation" and not spec.generative:
                 texts.append(_NOT_APPLICABLE)
+            elif ran and not counted:
+                texts.append("n/a")
             else:
-                texts.append(f"{sum(r['status'] == 'pass' for r in ran)}/{len(ran)}" if ran else _NOT_RUN)
+                texts.append(f"{sum(r['status'] == 'pass' for r in counted)}/{len(counted)}" if counted else _NOT_RUN)
         rows.append(f"| {spec.name} | {len(ok)} / {len(names)} | " + " | ".join(texts) + " |")
     return rows
 
