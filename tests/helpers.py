@@ -78,6 +78,11 @@ def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def class_forwards(model: torch.nn.Module) -> dict[type, object]:
+    """Each of ``model``'s module classes with the ``forward`` it defines itself (``None`` where it inherits one)."""
+    return {type(m): vars(type(m)).get("forward") for m in model.modules()}
+
+
 def assert_same_state(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> None:
     after = model.state_dict()
     assert after.keys() == before.keys()

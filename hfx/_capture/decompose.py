@@ -329,10 +329,11 @@ def _cache_free(calls: list[dict[str, Any]]) -> bool:
 
 def _cache_free_components(model: torch.nn.Module, call: dict[str, Any], recorded: Any,
                            generation_config: Any) -> Components:
-    """One ``decode`` graph of the whole forward over the sequence so far, as ``generate`` calls a model without a cache."""
+    """One ``decode`` graph of the whole forward over the sequence so far, as ``generate`` calls a cache-free model."""
     settings = _generation_settings(model, generation_config)
     roles = ComponentRoles(feature_encoders={}, projectors=recorded.projectors, cache_input=None, placeholder_tokens={})
-    meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model), encoder_inputs=recorded.encoder_inputs)
+    meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model),
+                          encoder_inputs=recorded.encoder_inputs)
     kwargs = {k: v for k, v in call.items() if not is_cache(v)}
     if "use_cache" in kwargs:  # the empty cache generate handed it is not an input; nothing to return either
         kwargs["use_cache"] = False
@@ -351,7 +352,8 @@ def _merged_language_model(model: torch.nn.Module, recorded: Any, merge: bool, *
         ValueError: ``asked`` (``multi_token_decode=True``) and the language model cannot take the steps.
     """
     calls = recorded.part_calls.get("language_model", [])
-    mergeable = merge and len(calls) >= 3 and full_attention_cache(calls) and not _prompt_only_inputs(calls)  # noqa: PLR2004 - the prompt and two steps
+    mergeable = (merge and len(calls) >= 3  # noqa: PLR2004 - the prompt and two steps
+                 and full_attention_cache(calls) and not _prompt_only_inputs(calls))
     if asked and not mergeable:
         msg = (f"decompose(multi_token_decode=True): {type(model).__name__}'s prefill cannot be split around a "
                "language model that takes the 2D padding mask, or its cache is not all full-attention layers, so "

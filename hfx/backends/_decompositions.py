@@ -137,7 +137,6 @@ def polynomial_erfinv(self: torch.Tensor) -> Any:
     return giles_erfinv(self, TORCH_OPS) if self.is_floating_point() else NotImplemented
 
 
-# The decompositions of the ATen ops that OpenVINO's frontend or ExecuTorch's kernels lack (module docstring).
 def cropping_constant_pad(self: torch.Tensor, pad: list[int], value: float = 0.0) -> Any:
     """``aten.constant_pad_nd`` with negative entries (a crop) as a pad of the positive ones, then slices;
     ``NotImplemented`` (the op as it is) when no entry is a negative int.
@@ -163,6 +162,7 @@ def cropping_constant_pad(self: torch.Tensor, pad: list[int], value: float = 0.0
     return output
 
 
+# The decompositions of the ATen ops that OpenVINO's frontend or ExecuTorch's kernels lack (module docstring).
 DENSE_DECOMPOSITIONS = {torch.ops.aten.scatter_reduce.two: dense_scatter_reduce,
                         torch.ops.aten.erfinv.default: polynomial_erfinv}
 # op -> the name of the ExecuTorch kernel that would run it.

@@ -27,18 +27,17 @@ from hfx.patches._arch import (
 )
 from hfx.patches._cache import patch_sliding_window_cache
 from hfx.patches._core import Patch, swap_attr, swap_item, with_patches
-from hfx.patches._wkv import parallel_wkv, patch_rwkv_rescale_in_place, patch_wkv_scan
-from hfx.patches._padded_images import patch_padded_image_batch
-from hfx.patches._pixel_shuffle import patch_integer_pixel_shuffle
-from hfx.patches._global_attention import dense_global_attention_forward, patch_dense_global_attention
 from hfx.patches._delta_rule import (
     delta_rule_patches,
     patch_gated_delta_rule_chunk_scan,
     prefix_chunk_gated_delta_rule,
     prefix_chunk_kimi_delta_attention,
 )
+from hfx.patches._global_attention import dense_global_attention_forward, patch_dense_global_attention
 from hfx.patches._model import patch_attention_implementation, patch_eval_mode, preserve_module_state
 from hfx.patches._moe import dense_experts_forward, moe_patches, patch_dense_expert_modules, patch_dense_experts
+from hfx.patches._padded_images import patch_padded_image_batch
+from hfx.patches._pixel_shuffle import patch_integer_pixel_shuffle
 from hfx.patches._ssm import (
     DEFAULT_PREFIX_SCAN_LENGTH,
     patch_linear_attention_conv_state,
@@ -57,6 +56,7 @@ from hfx.patches._vision import (
     patch_per_image_feature_split,
     patch_window_permutation,
 )
+from hfx.patches._wkv import parallel_wkv, patch_rwkv_rescale_in_place, patch_wkv_scan
 
 # Patches of torch itself that every export needs, whatever the model.
 TORCH_PATCHES: tuple[Patch, ...] = (patch_sdpa_fully_masked_rows, patch_conv3d_patch_embedding, patch_even_chunks,
@@ -97,36 +97,36 @@ __all__ = [
     "default_patches",
     "delta_rule_patches",
     "dense_experts_forward",
+    "dense_global_attention_forward",
     "patch_attention_implementation",
     "patch_axial_positions",
     "patch_padding_mask_from_a_python_range",
     "patch_padding_mask_kept",
     "patch_complex_rotary",
     "patch_conv3d_patch_embedding",
+    "patch_dense_expert_modules",
     "patch_dense_experts",
     "patch_dense_global_attention",
-    "patch_padded_image_batch",
-    "patch_integer_pixel_shuffle",
-    "dense_global_attention_forward",
-    "patch_dense_expert_modules",
     "patch_eval_mode",
     "patch_even_chunks",
     "patch_funnel_positions",
     "patch_gated_delta_rule_chunk_scan",
+    "patch_integer_pixel_shuffle",
     "patch_latent_attention_keys",
     "patch_linear_attention_conv_state",
     "patch_mamba2_chunk_scan",
     "patch_mamba_selective_scan",
     "patch_module_to_in_forward",
     "patch_packed_vision_attention",
+    "patch_padded_image_batch",
     "patch_per_image_feature_split",
     "patch_window_permutation",
+    "patch_wkv_scan",
+    "parallel_wkv",
     "patch_position_interpolation",
     "patch_real_fourier_mixing",
     "patch_rglru_scan",
-    "patch_wkv_scan",
     "patch_rwkv_rescale_in_place",
-    "parallel_wkv",
     "patch_sdpa_fully_masked_rows",
     "patch_sliding_window_cache",
     "patch_tensor_len",

@@ -127,9 +127,9 @@ def patch_padded_image_batch(model: torch.nn.Module) -> Iterator[None]:
     first, in transformers' order: the features the model scatters into its placeholders, for any
     number and size of images. The model's placeholder check then asks for at least as many feature
     rows as placeholders (``padded_placeholder_mask``). A tower with no such merger after it (LLaVA over
-    Pixtral) is left as it is: its reader would get the padding between the images' tokens. A tower called alone returns the padded grid's tokens, which are
-    transformers' packed tokens when no image is padded. A no-op for other models. Delete when
-    transformers' Pixtral stops looping over images.
+    Pixtral) is left as it is: its reader would get the padding between the images' tokens. A tower
+    called alone returns the padded grid's tokens, which are transformers' packed tokens when no image
+    is padded. A no-op for other models. Delete when transformers' Pixtral stops looping over images.
 
     Args:
         model: the model to export; only its tower and merger classes are patched.
@@ -145,8 +145,8 @@ def patch_padded_image_batch(model: torch.nn.Module) -> Iterator[None]:
         # tokens, padding between the images' own: only the merger puts them first. Leave such a model alone.
         towers = set()
     exact = "n_image_tokens * inputs_embeds.shape[-1] == image_features.numel()"
-    placeholders = {type(m) for m in modules if towers and source_contains(getattr(type(m), "get_placeholder_mask", None),
-                                                                           exact)}
+    placeholders = {type(m) for m in modules
+                    if towers and source_contains(getattr(type(m), "get_placeholder_mask", None), exact)}
     with contextlib.ExitStack() as stack:
         for owner in placeholders:
             stack.enter_context(swap_attr(owner, "get_placeholder_mask", padded_placeholder_mask))

@@ -38,7 +38,7 @@ def parallel_wkv(time_decay: torch.Tensor, time_first: torch.Tensor, key: torch.
     has transformers' representation (numerator and denominator scaled by ``exp(-max)``). Equal to the loop
     to float rounding; it holds ``batch x tokens x tokens x channels`` floats where the loop holds one token's.
     """
-    _, length, channels = key.shape
+    length = key.shape[1]
     key32 = key.float()
     decay = torch.exp(time_decay.float())  # w > 0: each step multiplies by exp(-w)
     given = state is not None
@@ -67,7 +67,8 @@ def parallel_wkv(time_decay: torch.Tensor, time_first: torch.Tensor, key: torch.
 
 def _wkv_modules(model: torch.nn.Module) -> list[object]:
     """The modules of ``model``'s classes whose ``rwkv_linear_attention_cpu`` loops over the tokens."""
-    return [module for module in defining_modules(model) if callable(loop := vars(module).get("rwkv_linear_attention_cpu"))
+    return [module for module in defining_modules(model)
+            if callable(loop := vars(module).get("rwkv_linear_attention_cpu"))
             and source_contains(loop, "for current_index in range(seq_length)")]
 
 
@@ -102,7 +103,8 @@ def patch_rwkv_rescale_in_place(model: torch.nn.Module) -> Iterator[None]:
     computes the same float32 values without mutating anything; a float16 export loses the guard. A
     model that has run in eval mode already holds rescaled weights and traces as it is. An exported
     torch program shares the model's weights: an eager eval-mode forward after the export rescales them
-    under it (lowered programs hold their own copy). A no-op for other models. Delete when transformers rescales without mutating its weights.
+    under it (lowered programs hold their own copy). A no-op for other models. Delete when transformers
+    rescales without mutating its weights.
 
     Args:
         model: the model to export; its RWKV base model's config is patched.
