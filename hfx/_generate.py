@@ -261,9 +261,35 @@ def _split_prefill(programs: Components, state: dict[str, Any], features: Mappin
         placeholder = (ids == programs.meta.roles.placeholder_tokens[modality])[..., None].expand_as(embeds)
         embeds = embeds.masked_scatter(placeholder, _feature_rows(encoded).to(embeds.dtype))
     language_model = programs["language_model"]
-    outputs = language_model(**step_inputs(language_model, "language_model", {**state, "inputs_embeds": embeds}))
+    given = {**state, "inputs_embeds": embeds}
+    if "visual_pos_masks" in input_keys(language_model.io):
+        given.update(_deepstack_inputs(ids, features, programs.meta.roles.placeholder_tokens, language_model.io))
+    outputs = language_model(**step_inputs(language_model, "language_model", given))
     logits = _call_on(programs["lm_head"], outputs.last_hidden_state[:, -1:])
     return logits, output_cache(outputs)
+
+
+def _deepstack_inputs(ids: torch.Tensor, features: Mapping[str, Any], placeholders: Mapping[str, int],
+                      io: Any) -> dict[str, Any]:
+    """Qwen3-VL's ``visual_pos_masks`` and ``deepstack_visual_embeds``, built as its model's forward builds them.
+
+    The mask marks every visual placeholder (images' and videos'); each deepstack level holds the rows of
+    the modalities' ``deepstack_features`` at those positions, in sequence order. A prompt without visual
+    features gets an empty mask and zero-row levels, as many as the language model takes.
+    """
+    stacked = {m: [_feature_rows(level) for level in encoded["deepstack_features"]]
+               for m, encoded in features.items() if not isinstance(encoded, torch.Tensor)
+               and encoded.get("deepstack_features") is not None}
+    masks = {m: ids == placeholders[m] for m in stacked}
+    visual = functools.reduce(torch.logical_or, masks.values(), torch.zeros_like(ids, dtype=torch.bool))
+    specs = [spec for spec in io.inputs if spec.name.startswith("deepstack_visual_embeds.")]
+    levels = []
+    for index, spec in enumerate(specs):
+        joint = torch.zeros(int(visual.sum()), int(spec.shape[-1]), dtype=getattr(torch, spec.dtype))
+        for modality, mask in masks.items():
+            joint[mask[visual]] = stacked[modality][index].to(joint.dtype)
+        levels.append(joint)
+    return {"visual_pos_masks": visual, "deepstack_visual_embeds": levels}
 
 
 def _call_on(program: Any, tensor: torch.Tensor) -> Any:

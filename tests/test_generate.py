@@ -118,16 +118,19 @@ def test_a_model_without_a_cache_decodes_by_rerunning_the_whole_sequence():
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
 
 
-def test_a_language_model_with_prompt_only_inputs_is_not_merged_and_generate_names_them():
+def test_a_language_model_with_prompt_only_inputs_is_not_merged_and_generate_builds_them():
     # Qwen3-VL adds deepstack features to the prompt's hidden states only; a language model graph traced on a
-    # step has no input for them and gave other tokens than eager. Now generate refuses and names them.
-    from hfx._errors import InputError
-
+    # step has no input for them and gave other tokens than eager. generate builds them from the tower's output.
     name = "image-text-to-text:qwen3_vl"
-    parts = hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), zoo.build(name)))
+    model = zoo.build(name)
+    parts = hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model))
     assert parts["language_model"].kwargs["deepstack_visual_embeds"] is not None  # traced on the prompt
-    with pytest.raises(InputError, match="deepstack_visual_embeds"):
-        hfx.generate(zoo.inputs(name, batch=2, sequence=9), hfx.export(parts), max_new_tokens=2)
+    programs = hfx.export(parts)
+    shapes = {spec.name: spec.shape for spec in programs["language_model"].io.inputs}
+    assert shapes["visual_pos_masks"] == ("batch", "sequence")
+    assert shapes["deepstack_visual_embeds.0"][0] == "visual_tokens"
+    inputs = zoo.inputs(name, batch=3, sequence=9)
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
 
 
 def test_an_encoder_input_the_first_decoder_step_also_takes_is_handed_to_it():

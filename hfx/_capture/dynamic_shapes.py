@@ -23,6 +23,9 @@ _AXIS_RULES: tuple[tuple[frozenset[str], Mapping[int, str]], ...] = (
         frozenset({"decoder_input_ids", "decoder_attention_mask", "decoder_position_ids", "decoder_inputs_embeds"}),
         {0: "batch", 1: "decoder_sequence"},
     ),
+    # Qwen3-VL's deepstack: the prompt's visual token positions, and each level's rows for them
+    (frozenset({"visual_pos_masks"}), {0: "batch", 1: "sequence"}),
+    (frozenset({"deepstack_visual_embeds"}), {0: "visual_tokens"}),
     # InstructBLIP's instruction, tokenized again for its Q-Former: its own length
     (frozenset({"qformer_input_ids", "qformer_attention_mask"}), {0: "batch", 1: "qformer_sequence"}),
     (frozenset({"pixel_values", "pixel_mask"}), {0: "batch", -2: "height", -1: "width"}),

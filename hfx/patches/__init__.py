@@ -27,6 +27,7 @@ from hfx.patches._arch import (
 )
 from hfx.patches._cache import patch_sliding_window_cache
 from hfx.patches._core import Patch, swap_attr, swap_item, with_patches
+from hfx.patches._deepstack import patch_deepstack_gather, rows_added_at_mask
 from hfx.patches._delta_rule import (
     delta_rule_patches,
     patch_gated_delta_rule_chunk_scan,
@@ -77,7 +78,7 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Example:
         >>> import torch
         >>> [getattr(p, "func", p).__name__ for p in default_patches(torch.nn.Linear(1, 1))]
-        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_dense_experts', 'patch_dense_expert_modules']
+        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_deepstack_gather', 'patch_dense_experts', 'patch_dense_expert_modules']
     """
     bound = tuple(
         functools.partial(patch, model)
@@ -104,6 +105,7 @@ __all__ = [
     "patch_padding_mask_kept",
     "patch_complex_rotary",
     "patch_conv3d_patch_embedding",
+    "patch_deepstack_gather",
     "patch_dense_expert_modules",
     "patch_dense_experts",
     "patch_dense_global_attention",
@@ -137,6 +139,7 @@ __all__ = [
     "moe_patches",
     "preserve_module_state",
     "registered_caches",
+    "rows_added_at_mask",
     "scanned_selective_scan",
     "ssm_patches",
     "swap_attr",

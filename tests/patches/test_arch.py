@@ -16,6 +16,7 @@ from hfx.patches import (
     arch_patches,
     patch_axial_positions,
     patch_complex_rotary,
+    patch_deepstack_gather,
     patch_dense_global_attention,
     patch_funnel_positions,
     patch_integer_pixel_shuffle,
@@ -81,7 +82,7 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
                                          patch_real_fourier_mixing, patch_funnel_positions, patch_axial_positions,
                                          patch_padding_mask_from_a_python_range, patch_tensor_len, patch_padding_mask_kept,
                                          patch_dense_global_attention, patch_padded_image_batch,
-                                         patch_integer_pixel_shuffle]
+                                         patch_integer_pixel_shuffle, patch_deepstack_gather]
     assert all(p.args == (dinov2,) for p in patches)
 
 
