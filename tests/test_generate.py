@@ -133,6 +133,18 @@ def test_a_language_model_with_prompt_only_inputs_is_not_merged_and_generate_bui
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
 
 
+def test_a_projector_that_takes_more_than_the_features_stays_in_the_feature_encoder():
+    # Idefics2's connector also takes the patches' attention mask that get_image_features computes: split off,
+    # generate could hand it the features only
+    name = "image-text-to-text:idefics2"
+    model = zoo.build(name)
+    parts = hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model))
+    assert "projector" not in parts and not parts.meta.roles.projectors
+    programs = hfx.export(parts)
+    inputs = zoo.inputs(name, batch=3, sequence=9)
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
+
+
 def test_an_encoder_input_the_first_decoder_step_also_takes_is_handed_to_it():
     # T5Gemma 2's encoder reads the image, and its first decoder step is traced with pixel_values too
     name = "seq2seq-lm:t5gemma2"

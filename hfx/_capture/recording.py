@@ -152,7 +152,7 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
     # A prefill that stays whole reads the feature methods' own outputs: then no projector is split off either.
     split = _takes_prompt_mask(part_calls.get("language_model", []))
     ran = {label: name for name in projector_modules for label, _ in part_calls[name][:1] if label}
-    used = ran if split else {}
+    used = {label: name for label, name in ran.items() if _one_tensor_input(part_calls[name][0][1])} if split else {}
     encoders = {"encoder": (encoder, encoder_calls["encoder"][0])} if encoder_calls.get("encoder") else {}
     encoder_inputs: dict[str, EncoderInputs] = {}
     for modality, method in methods.items():
@@ -183,6 +183,12 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
     return Recorded(encoders=encoders, parts=recorded_parts, projectors=projector_of, encoder_inputs=encoder_inputs,
                      calls=calls, length=int(sequences.shape[-1]), part_calls=every_call)
 
+
+
+def _one_tensor_input(kwargs: Mapping[str, Any]) -> bool:
+    """Whether a projector call takes the features alone: one that also takes what its feature method computed
+    (Idefics2's connector, the patches' attention mask) stays in the feature encoder, which has its inputs."""
+    return sum(isinstance(value, torch.Tensor) for value in kwargs.values()) == 1
 
 
 def _takes_prompt_mask(calls: list[dict[str, Any]]) -> bool:
