@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from hfx.patches._core import Patch, swap_attr, swap_attr_on_each
+from hfx.patches._lightning import patch_lightning_attention
 from hfx.patches._wkv import patch_rwkv_rescale_in_place, patch_wkv_scan
 
 
@@ -408,13 +409,14 @@ def ssm_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
 
     Returns:
         ``patch_linear_attention_conv_state``, then ``patch_mamba_selective_scan``, ``patch_mamba2_chunk_scan``,
-        ``patch_rglru_scan``, ``patch_wkv_scan`` and ``patch_rwkv_rescale_in_place`` bound to ``model``.
+        ``patch_rglru_scan``, ``patch_wkv_scan``, ``patch_rwkv_rescale_in_place`` and ``patch_lightning_attention``
+        bound to ``model``.
 
     Example:
         >>> [getattr(p, "func", p).__name__ for p in ssm_patches(torch.nn.Linear(1, 1))]
-        ['patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place']
+        ['patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place', 'patch_lightning_attention']
     """
     bound = tuple(functools.partial(patch, model)
                   for patch in (patch_mamba_selective_scan, patch_mamba2_chunk_scan, patch_rglru_scan, patch_wkv_scan,
-                                patch_rwkv_rescale_in_place))
+                                patch_rwkv_rescale_in_place, patch_lightning_attention))
     return (patch_linear_attention_conv_state, *bound)

@@ -226,7 +226,7 @@ def test_a_recurrent_gemma_exports_with_a_dynamic_prompt_and_matches_eager(model
 
 def test_ssm_patches_are_a_plain_tuple_of_zero_argument_patches(mamba):
     patches = ssm_patches(mamba)
-    assert isinstance(patches, tuple) and len(patches) == 6
+    assert isinstance(patches, tuple) and len(patches) == 7
     with with_patches(*patches):
         assert modeling_mamba.mamba_selective_scan is prefix_selective_scan
     assert vars(modeling_mamba)["mamba_selective_scan"] is not prefix_selective_scan
