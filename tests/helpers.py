@@ -6,7 +6,9 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -81,6 +83,13 @@ def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def class_forwards(model: torch.nn.Module) -> dict[type, object]:
     """Each of ``model``'s module classes with the ``forward`` it defines itself (``None`` where it inherits one)."""
     return {type(m): vars(type(m)).get("forward") for m in model.modules()}
+
+
+def assert_leaves_forwards(patch: Callable[[torch.nn.Module], Any], model: torch.nn.Module) -> None:
+    """While ``patch(model)`` is active, every module class of ``model`` keeps the ``forward`` it had (a no-op)."""
+    before = class_forwards(model)
+    with patch(model):
+        assert class_forwards(model) == before
 
 
 def assert_same_state(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> None:
