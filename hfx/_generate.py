@@ -341,7 +341,9 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
     batch = tokens.shape[0]
     name = prompt_component(programs)
     cache_key = programs.meta.roles.cache_input or "past_key_values"
-    cache_free = programs.meta.roles.cache_input is None and set(programs) == {"decode"}
+    # without a cache, or with one its model slices itself (CPM-Ant), each step reads the whole sequence
+    whole = programs.meta.roles.whole_sequence_steps or (programs.meta.roles.cache_input is None
+                                                          and set(programs) == {"decode"})
     state[cache_key] = initial_cache(programs[name], batch, cache_key)
     if cross is not None:
         state[cache_key] = with_cross_cache(state[cache_key], cross)
@@ -375,7 +377,7 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
         finished |= torch.isin(token, torch.tensor(sorted(eos), dtype=token.dtype)) if eos else finished
         if bool(finished.all()):
             break
-        new_tokens = ids if cache_free else token[:, None]  # without a cache each step reads the whole sequence
+        new_tokens = ids if whole else token[:, None]
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=-1)
         for key, value in _GENERATED_TOKEN_TYPES.items():
             if key in state:

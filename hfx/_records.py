@@ -258,6 +258,8 @@ class ComponentRoles(_FieldsJson):
     replace in the prompt; ``internal_cache_length`` is the positions of the KV
     cache a decode graph keeps in its own buffers (``decompose(internal_cache_length=...)``,
     ``forward(tokens, input_pos)``), ``None`` when the cache is an input.
+    ``whole_sequence_steps``: each decode step takes every token so far with the cache, and the model
+    drops the cached ones itself (CPM-Ant), not the new token alone.
     """
 
     feature_encoders: Mapping[str, str] = _mapping(str)
@@ -265,6 +267,7 @@ class ComponentRoles(_FieldsJson):
     cache_input: str | None = attrs.field(default=None, validator=_optional(str))
     placeholder_tokens: Mapping[str, int] = _mapping(int)
     internal_cache_length: int | None = attrs.field(default=None, validator=_optional(int))
+    whole_sequence_steps: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 @attrs.frozen(kw_only=True)

@@ -133,6 +133,20 @@ def test_a_language_model_with_prompt_only_inputs_is_not_merged_and_generate_bui
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
 
 
+def test_a_model_handed_the_whole_sequence_with_its_cache_gets_it_every_step():
+    # CPM-Ant's generate keeps the full input_ids with the cache (its forward slices the cached prefix, which also
+    # holds a learned prompt of 32 tokens): a prefill, and a decode whose tokens axis is the past's minus 31
+    name = "causal-lm:cpmant"
+    model = zoo.build(name)
+    parts = hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model))
+    assert list(parts) == ["prefill", "decode"] and parts.meta.roles.whole_sequence_steps
+    programs = hfx.export(parts)
+    assert programs["decode"].io.inputs[0].shape == ("batch", "tokens")
+    inputs = zoo.inputs(name, batch=3, sequence=9)
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
+    assert not hfx.decompose(hfx.capture(zoo.inputs("llama"), zoo.build("llama"))).meta.roles.whole_sequence_steps
+
+
 def test_a_projector_that_takes_more_than_the_features_stays_in_the_feature_encoder():
     # Idefics2's connector also takes the patches' attention mask that get_image_features computes: split off,
     # generate could hand it the features only

@@ -83,9 +83,16 @@ def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[s
     return merged
 
 
-def _decode_shapes(capture: Capture, *, multi_token: bool) -> DynamicShapes:
-    """The decode graph's shapes: a single-token step keeps its query axis static."""
+def _decode_shapes(capture: Capture, *, multi_token: bool, whole_sequence: bool = False) -> DynamicShapes:
+    """The decode graph's shapes: a single-token step keeps its query axis static; one handed the whole
+    sequence (``_takes_the_whole_sequence``) keeps it dynamic."""
     shapes = infer_dynamic_shapes(capture)
+    if whole_sequence and not multi_token:
+        # its own name: torch states the length's relation to the past as a fix on a root dim it sympifies, and
+        # "sequence" is a sympy function
+        renamed = {"sequence": "tokens"}
+        axes = {leaf: {a: renamed.get(d, d) for a, d in per_axis.items()} for leaf, per_axis in shapes.axes.items()}
+        return DynamicShapes(axes=axes, bounds={renamed.get(d, d): b for d, b in shapes.bounds.items()})
     if multi_token:  # the same graph also prefills, from an empty cache
         bounds = {**shapes.bounds}
         if "past_sequence" in bounds:
@@ -267,7 +274,8 @@ def decompose(
     if multimodal:  # its steps merge in the language model, if anywhere: a whole forward takes the features
         merge = False
     elif multi_token_decode is None:  # the default merges only what one graph can fill from an empty cache
-        merge = merge and full_attention_cache(calls)
+        # (a model handed the whole sequence slices off its cache itself: CPM-Ant branches on the cache's length)
+        merge = merge and full_attention_cache(calls) and not _takes_the_whole_sequence(calls)
     decode = _pick_decode(calls, multi_token=merge)
     if decode is None and not multimodal and _cache_free(calls):
         return _cache_free_components(model, calls[1], recorded, generation_config)
@@ -300,7 +308,8 @@ def decompose(
         decode = language_model.kwargs  # the step the cache input is read from
     else:
         decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
-        parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=_decode_shapes(decode_capture, multi_token=merge))
+        shapes = _decode_shapes(decode_capture, multi_token=merge, whole_sequence=_takes_the_whole_sequence(calls))
+        parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=shapes)
     if settings.is_encoder_decoder:  # some generate()s (Whisper's) return the decoder ids without the start token
         settings = attrs.evolve(settings, returns_start_token=recorded.length == steps + 1)
     encoders = {f"{m}_encoder": m for m in feature_methods(model) if f"{m}_encoder" in parts}
@@ -309,9 +318,23 @@ def decompose(
         projectors=recorded.projectors,
         cache_input=next((k for k, v in decode.items() if is_cache(v)), None),
         placeholder_tokens=placeholder_tokens(model, tuple(encoders.values())),
+        whole_sequence_steps=_takes_the_whole_sequence(calls),
     )
     meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model), encoder_inputs=recorded.encoder_inputs)
     return Components(items=parts, meta=meta)
+
+
+def _takes_the_whole_sequence(calls: list[dict[str, Any]]) -> bool:
+    """Whether ``generate`` handed the model every token so far with its cache at each step (the steps' ids
+    grow by one as the cache does).
+
+    CPM-Ant's ``prepare_inputs_for_generation`` keeps the full ``input_ids``: its forward drops the cached
+    prefix itself (its cache also holds a learned prompt, so the lengths differ).
+    """
+    steps = [call for call in calls[1:] if _past_length(call)]
+    ids = [call.get("input_ids") for call in steps]
+    return len(ids) >= 2 and all(isinstance(t, torch.Tensor) and t.ndim == 2 for t in ids) and all(  # noqa: PLR2004
+        later.shape[-1] == earlier.shape[-1] + 1 > 2 for earlier, later in zip(ids, ids[1:], strict=False))  # noqa: PLR2004
 
 
 def _cache_free(calls: list[dict[str, Any]]) -> bool:
