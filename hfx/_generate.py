@@ -361,8 +361,10 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
     sections = _position_sections(program)
     positions = None
     decode = None  # the steps after the prompt's
+    roles = programs.meta.roles
     for _ in range(max_new_tokens):
-        state.update({token_key: new_tokens, mask_key: mask})
+        state.update({token_key: _with_appended(new_tokens, roles.appended_tokens), mask_key: mask})
+        state.update({name: torch.full_like(state[token_key], value) for name, value in roles.token_fills.items()})
         positions = with_positions(programs, sections, state, new_tokens, mask, positions)
         if decode is None:
             logits, returned = step(programs, name, run, state, features)
@@ -389,6 +391,14 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
                                  cache_key=cache_key)
         features = None
     return ids
+
+
+def _with_appended(tokens: torch.Tensor, appended: tuple[int, ...]) -> torch.Tensor:
+    """``tokens`` with the tokens a cache-free model's generate puts after the sequence (XLM's mask token)."""
+    if not appended:
+        return tokens
+    tail = torch.tensor(appended, dtype=tokens.dtype).expand(tokens.shape[0], -1)
+    return torch.cat([tokens, tail], dim=-1)
 
 
 def with_positions(programs: Components, sections: int, state: dict[str, Any], new_tokens: torch.Tensor,

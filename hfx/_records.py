@@ -183,12 +183,13 @@ def _nested_or_value(value: Any) -> Any:
 
 
 def _plain(value: Any) -> Any:
-    """``value`` as ``json.dumps`` takes it: a record as the dict of its fields, every mapping as a ``dict``."""
+    """``value`` as ``json.loads`` gives it back: a record as the dict of its fields, every mapping as a ``dict``,
+    every sequence as a ``list``."""
     if attrs.has(type(value)):
         return {field.name: _plain(getattr(value, field.name)) for field in attrs.fields(type(value))}
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
 
@@ -259,7 +260,9 @@ class ComponentRoles(_FieldsJson):
     cache a decode graph keeps in its own buffers (``decompose(internal_cache_length=...)``,
     ``forward(tokens, input_pos)``), ``None`` when the cache is an input.
     ``whole_sequence_steps``: each decode step takes every token so far with the cache, and the model
-    drops the cached ones itself (CPM-Ant), not the new token alone.
+    drops the cached ones itself (CPM-Ant), not the new token alone. A cache-free model's
+    ``appended_tokens`` follow the sequence in every call (XLM's mask token, whose logits are the next
+    token's), and ``token_fills`` are per-token inputs of one value (XLM's ``langs``).
     """
 
     feature_encoders: Mapping[str, str] = _mapping(str)
@@ -268,6 +271,9 @@ class ComponentRoles(_FieldsJson):
     placeholder_tokens: Mapping[str, int] = _mapping(int)
     internal_cache_length: int | None = attrs.field(default=None, validator=_optional(int))
     whole_sequence_steps: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    appended_tokens: tuple[int, ...] = attrs.field(
+        default=(), converter=tuple, validator=attrs.validators.deep_iterable(attrs.validators.instance_of(int)))
+    token_fills: Mapping[str, int] = _mapping(int)
 
 
 @attrs.frozen(kw_only=True)

@@ -133,6 +133,22 @@ def test_a_language_model_with_prompt_only_inputs_is_not_merged_and_generate_bui
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
 
 
+def test_a_cache_free_model_gets_the_tokens_and_fills_its_generate_adds_each_step():
+    # XLM's generate appends its mask token (whose logits pick the next token) and fills langs with lang_id
+    name = "causal-lm:xlm"
+    model = zoo.build(name)
+    with torch.no_grad():
+        model.pred_layer.proj.bias[model.config.mask_token_id] = -100.0  # the tiny model would only repeat it
+    parts = hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model))
+    roles = parts.meta.roles
+    assert roles.appended_tokens == (model.config.mask_token_id,) and dict(roles.token_fills) == {"langs": 0}
+    programs = hfx.export(parts)
+    inputs = zoo.inputs(name, batch=3, sequence=9)
+    want = eager_tokens(model, inputs, 6)
+    assert len(set(want[:, 9:].flatten().tolist())) > 1
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), want)
+
+
 def test_a_model_handed_the_whole_sequence_with_its_cache_gets_it_every_step():
     # CPM-Ant's generate keeps the full input_ids with the cache (its forward slices the cached prefix, which also
     # holds a learned prompt of 32 tokens): a prefill, and a decode whose tokens axis is the past's minus 31

@@ -278,7 +278,7 @@ def decompose(
         merge = merge and full_attention_cache(calls) and not _takes_the_whole_sequence(calls)
     decode = _pick_decode(calls, multi_token=merge)
     if decode is None and not multimodal and _cache_free(calls):
-        return _cache_free_components(model, calls[1], recorded, generation_config)
+        return _cache_free_components(model, calls, inputs.get("input_ids"), recorded, generation_config)
     if not calls or decode is None:
         what = f"generate() made {len(calls)} forward call(s), none a decode step with a past of >= {_MIN_PAST}."
         raise CaptureError(describe("decompose", model, "decode", what, "Pass a prompt of at least 2 tokens."))
@@ -340,8 +340,9 @@ def _takes_the_whole_sequence(calls: list[dict[str, Any]]) -> bool:
 def _cache_free(calls: list[dict[str, Any]]) -> bool:
     """Whether ``generate`` ran the whole growing sequence each step: no call holds a cache, each takes one more token.
 
-    Models without a KV cache (GPT-1) or whose config turns it off (the generated zoo's MPT). Not XLM, whose
-    ``langs`` generate builds per step, nor XLNet, which appends a dummy token with its own masks.
+    Models without a KV cache (GPT-1) or whose config turns it off (the generated zoo's MPT), and XLM, whose
+    generate appends its mask token and fills ``langs`` each step. Not XLNet, which appends a dummy token
+    with its own masks.
     """
     ids = [call.get("input_ids") for call in calls]
     if len(calls) < 2 or any(_past_length(call) != 0 for call in calls):  # noqa: PLR2004 - prompt, a step
@@ -350,17 +351,53 @@ def _cache_free(calls: list[dict[str, Any]]) -> bool:
         later.shape[-1] == earlier.shape[-1] + 1 for earlier, later in zip(ids, ids[1:], strict=False))
 
 
-def _cache_free_components(model: torch.nn.Module, call: dict[str, Any], recorded: Any,
+def _cache_free_components(model: torch.nn.Module, calls: list[dict[str, Any]], prompt: Any, recorded: Any,
                            generation_config: Any) -> Components:
     """One ``decode`` graph of the whole forward over the sequence so far, as ``generate`` calls a cache-free model."""
     settings = _generation_settings(model, generation_config)
-    roles = ComponentRoles(feature_encoders={}, projectors=recorded.projectors, cache_input=None, placeholder_tokens={})
+    call = calls[1]
+    roles = ComponentRoles(feature_encoders={}, projectors=recorded.projectors, cache_input=None, placeholder_tokens={},
+                           appended_tokens=_appended_tokens(calls, prompt), token_fills=_token_fills(calls))
     meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model),
                           encoder_inputs=recorded.encoder_inputs)
     kwargs = {k: v for k, v in call.items() if not is_cache(v)}
     if "use_cache" in kwargs:  # the empty cache generate handed it is not an input; nothing to return either
         kwargs["use_cache"] = False
     return Components(items={"decode": Capture(module=model, source=model, kwargs=kwargs, name="decode")}, meta=meta)
+
+
+def _appended_tokens(calls: list[dict[str, Any]], prompt: Any) -> tuple[int, ...]:
+    """The tokens ``generate`` put after the sequence in every call of a cache-free model, the same in each row
+    (XLM's ``prepare_inputs_for_generation`` appends its mask token); ``()`` when there are none."""
+    first, second = calls[0]["input_ids"], calls[1]["input_ids"]
+    if not isinstance(prompt, torch.Tensor) or first.shape[-1] <= prompt.shape[-1]:
+        return ()
+    tail = first[:, prompt.shape[-1]:]
+    if not torch.equal(first[:, :prompt.shape[-1]], prompt) or not bool((tail == tail[:1]).all()):
+        return ()
+    if not torch.equal(second[:, -tail.shape[-1]:], tail):
+        return ()
+    return tuple(int(t) for t in tail[0])
+
+
+# Per-token inputs the decode loop builds itself.
+_LOOP_INPUTS = frozenset({"input_ids", "attention_mask", "position_ids", "token_type_ids", "mm_token_type_ids",
+                          "cache_position"})
+
+
+def _token_fills(calls: list[dict[str, Any]]) -> dict[str, int]:
+    """``{input: value}`` of the integer inputs shaped like ``input_ids`` that hold one value in every call
+    (XLM's ``langs``: ``torch.full_like(input_ids, config.lang_id)``)."""
+    fills = {}
+    for name, value in calls[0].items():
+        if name in _LOOP_INPUTS or not isinstance(value, torch.Tensor) or value.is_floating_point():
+            continue
+        same = [call.get(name) for call in calls]
+        if all(isinstance(t, torch.Tensor) and t.shape == call["input_ids"].shape and t.numel()
+               and bool((t == t.flatten()[0]).all()) and int(t.flatten()[0]) == int(value.flatten()[0])
+               for t, call in zip(same, calls, strict=True)):
+            fills[name] = int(value.flatten()[0])
+    return fills
 
 
 def _merged_language_model(model: torch.nn.Module, recorded: Any, merge: bool, *, asked: bool | None) -> Capture | None:

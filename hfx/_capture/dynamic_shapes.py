@@ -16,7 +16,7 @@ from hfx._records import Capture, DynamicShapes
 _AXIS_RULES: tuple[tuple[frozenset[str], Mapping[int, str]], ...] = (
     (
         frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds", "labels",
-                   "special_tokens_mask", "cache_position", "global_attention_mask"}),
+                   "special_tokens_mask", "cache_position", "global_attention_mask", "langs"}),
         {0: "batch", 1: "sequence"},
     ),
     (
