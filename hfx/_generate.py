@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 
 from hfx._capture.cross_cache import split_encoder_output, with_cross_cache
 from hfx._capture.decompose import prompt_component, step_component
+from hfx._capture.multimodal import feature_rows
 from hfx._capture.positions import next_positions, prompt_positions, text_positions
 from hfx._capture.vision_inputs import computed_vision_inputs
 from hfx._contract import input_keys, load_spec
@@ -239,16 +240,6 @@ def _encoder_inputs(encoder: Any, how: EncoderInputs | None, state: dict[str, An
     return renamed
 
 
-def _feature_rows(features: Any) -> torch.Tensor:
-    """Encoded features as one row per placeholder token: ``[tokens, hidden]``."""
-    if not isinstance(features, torch.Tensor):
-        pooled = features.get("pooler_output")
-        features = pooled if pooled is not None else features["last_hidden_state"]
-    if isinstance(features, (list, tuple)):
-        features = torch.cat(list(features), dim=0)
-    return features.reshape(-1, features.shape[-1])
-
-
 def _split_prefill(programs: Components, state: dict[str, Any], features: Mapping[str, Any]) -> tuple[torch.Tensor, Any]:
     """The prompt's logits and cache through the parts of a multimodal prefill: embed, merge features, language model, head.
 
@@ -259,7 +250,7 @@ def _split_prefill(programs: Components, state: dict[str, Any], features: Mappin
     embeds = _call_on(programs["embed_tokens"], ids)
     for modality, encoded in features.items():
         placeholder = (ids == programs.meta.roles.placeholder_tokens[modality])[..., None].expand_as(embeds)
-        embeds = embeds.masked_scatter(placeholder, _feature_rows(encoded).to(embeds.dtype))
+        embeds = embeds.masked_scatter(placeholder, feature_rows(encoded).to(embeds.dtype))
     language_model = programs["language_model"]
     given = {**state, "inputs_embeds": embeds}
     if "visual_pos_masks" in input_keys(language_model.io):
@@ -277,7 +268,7 @@ def _deepstack_inputs(ids: torch.Tensor, features: Mapping[str, Any], placeholde
     the modalities' ``deepstack_features`` at those positions, in sequence order. A prompt without visual
     features gets an empty mask and zero-row levels, as many as the language model takes.
     """
-    stacked = {m: [_feature_rows(level) for level in encoded["deepstack_features"]]
+    stacked = {m: [feature_rows(level) for level in encoded["deepstack_features"]]
                for m, encoded in features.items() if not isinstance(encoded, torch.Tensor)
                and encoded.get("deepstack_features") is not None}
     masks = {m: ids == placeholders[m] for m in stacked}

@@ -175,6 +175,17 @@ def test_a_projector_that_takes_more_than_the_features_stays_in_the_feature_enco
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
 
 
+def test_a_tower_whose_output_the_feature_method_changes_is_not_the_image_encoder():
+    # DeepSeek-VL's get_image_features runs an aligner over its tower's output (and sets pooler_output on it)
+    name = "image-text-to-text:deepseek_vl"
+    model = zoo.build(name)
+    parts = hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model))
+    assert parts["image_encoder"].module.method == "get_image_features"
+    programs = hfx.export(parts)
+    inputs = zoo.inputs(name, batch=3, sequence=9)
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
+
+
 def test_an_encoder_input_the_first_decoder_step_also_takes_is_handed_to_it():
     # T5Gemma 2's encoder reads the image, and its first decoder step is traced with pixel_values too
     name = "seq2seq-lm:t5gemma2"

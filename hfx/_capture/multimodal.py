@@ -72,6 +72,30 @@ def features_only(output: Any) -> Any:
     return type(output)(**kept)
 
 
+def feature_rows(features: Any) -> torch.Tensor:
+    """Encoded features as one row per placeholder token: ``[tokens, hidden]`` (``pooler_output``, else
+    ``last_hidden_state``; a list of per-image tensors joined)."""
+    if not isinstance(features, torch.Tensor):
+        pooled = features.get("pooler_output")
+        features = pooled if pooled is not None else features["last_hidden_state"]
+    if isinstance(features, (list, tuple)):
+        features = torch.cat(list(features), dim=0)
+    return features.reshape(-1, features.shape[-1])
+
+
+def same_features(method_output: Any, tower_output: Any) -> bool:
+    """Whether a tower's output holds the features its model's feature method returns, row for row.
+
+    Qwen2-VL's ``get_image_features`` only splits its tower's merged output per image; DeepSeek-VL's runs
+    an aligner over it (a module of no projector name), so its tower alone is not the encoder.
+    """
+    try:
+        method_rows, tower_rows = feature_rows(method_output), feature_rows(tower_output)
+    except (KeyError, TypeError, AttributeError):
+        return False
+    return method_rows.shape == tower_rows.shape and torch.equal(method_rows, tower_rows)
+
+
 class ProjectorCall(Exception):  # noqa: N818 - control flow, not an error
     """Carries a projector's arguments out of the feature method, which then stops (see ``tapped_view``)."""
 

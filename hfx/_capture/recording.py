@@ -17,7 +17,14 @@ from typing import Any
 import attrs
 import torch
 
-from hfx._capture.multimodal import FeatureEncoder, feature_methods, features_only, modality_tower, projectors
+from hfx._capture.multimodal import (
+    FeatureEncoder,
+    feature_methods,
+    features_only,
+    modality_tower,
+    projectors,
+    same_features,
+)
 from hfx._capture.vision_inputs import recording_vision_inputs
 from hfx._records import Capture, EncoderInputs
 from hfx.patches import patch_attention_implementation, patch_sliding_window_cache, preserve_module_state, swap_attr
@@ -47,6 +54,22 @@ def _recording(module: torch.nn.Module, calls: list[Any], running: list[str] | N
         handle.remove()
 
 
+@contextlib.contextmanager
+def _first_output(module: torch.nn.Module, outputs: list[Any]) -> Iterator[None]:
+    """Keep the output of ``module``'s first call inside the block (a shallow copy: a feature method may set
+    its fields afterwards, as DeepSeek-VL's sets ``pooler_output``)."""
+
+    def hook(mod: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if not outputs:
+            outputs.append(copy.copy(output))
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 
 def _encoder(model: torch.nn.Module) -> torch.nn.Module | None:
     if not getattr(model.config, "is_encoder_decoder", False):
@@ -58,8 +81,9 @@ def _encoder(model: torch.nn.Module) -> torch.nn.Module | None:
 
 @contextlib.contextmanager
 def _recording_method(owner: torch.nn.Module, name: str, calls: list[dict[str, Any]], running: list[str],
-                      label: str) -> Iterator[None]:
-    """Record the keyword arguments of ``owner.name(...)`` calls inside the block (a reversible instance patch).
+                      label: str, outputs: list[Any]) -> Iterator[None]:
+    """Record the keyword arguments of ``owner.name(...)`` calls, and the first call's output, inside the block
+    (a reversible instance patch).
 
     While a call runs, ``running[-1]`` is ``label``: the modules it calls know which feature method called them.
     """
@@ -71,9 +95,12 @@ def _recording_method(owner: torch.nn.Module, name: str, calls: list[dict[str, A
         calls.append(copy.deepcopy(kwargs))
         running.append(label)
         try:
-            return method(**kwargs)
+            output = method(**kwargs)
         finally:
             running.pop()
+        if not outputs:
+            outputs.append(output)
+        return output
 
     recorded.__signature__ = signature  # type: ignore[attr-defined]  # generate picks its kwargs by signature
     with swap_attr(owner, name, recorded):
@@ -123,6 +150,8 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
     part_calls: dict[str, list[Any]] = {name: [] for name in [*projector_modules, *parts]}
     towers = {m: tower for m in methods if (tower := modality_tower(model, m)) is not None}
     tower_calls: dict[str, list[Any]] = {m: [] for m in towers}
+    tower_outputs: dict[str, list[Any]] = {m: [] for m in towers}
+    method_outputs: dict[str, list[Any]] = {}
     vision_inputs: dict[str, dict[str, dict[str, Any]]] = {m: {} for m in towers}
     running: list[str] = []
     options = {"max_new_tokens": steps, "min_new_tokens": steps, "do_sample": False}
@@ -137,13 +166,15 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
             stack.enter_context(_recording(encoder, encoder_calls.setdefault("encoder", [])))
         for modality, method in methods.items():
             found = encoder_calls.setdefault(f"{modality}_encoder", [])
-            stack.enter_context(_recording_method(base, method, found, running, modality))
+            stack.enter_context(_recording_method(base, method, found, running, modality,
+                                                  method_outputs.setdefault(modality, [])))
         for name, module in projector_modules.items():
             stack.enter_context(_recording(module, part_calls[name], running))
         for name, module in parts.items():
             stack.enter_context(_recording(module, part_calls[name]))
         for modality, tower in towers.items():
             stack.enter_context(_recording(tower, tower_calls[modality], running))
+            stack.enter_context(_first_output(tower, tower_outputs[modality]))
             stack.enter_context(recording_vision_inputs(tower, vision_inputs[modality]))
         with torch.no_grad():
             output = model.generate(**copy.deepcopy(dict(inputs)), **options)
@@ -160,7 +191,8 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
         own = [kwargs for label, kwargs in tower_calls.get(modality, []) if label == modality]
         if not found:
             continue
-        if modality not in ran and own:  # no projector: the tower's output is the features (Qwen2-VL's merger)
+        # no projector, and the tower's output is the features (Qwen2-VL's merger)
+        if modality not in ran and own and same_features(method_outputs[modality][0], tower_outputs[modality][0]):
             values = {k: v for entry in vision_inputs[modality].values() for k, v in entry["values"].items()}
             encoders[f"{modality}_encoder"] = (towers[modality], {**own[0], **values})
             encoder_inputs[f"{modality}_encoder"] = EncoderInputs(
