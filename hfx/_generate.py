@@ -256,7 +256,10 @@ def _split_prefill(programs: Components, state: dict[str, Any], features: Mappin
     if "visual_pos_masks" in input_keys(language_model.io):
         given.update(_deepstack_inputs(ids, features, programs.meta.roles.placeholder_tokens, language_model.io))
     outputs = language_model(**step_inputs(language_model, "language_model", given))
-    logits = _call_on(programs["lm_head"], outputs.last_hidden_state[:, -1:])
+    if "lm_head" in programs:
+        logits = _call_on(programs["lm_head"], outputs.last_hidden_state[:, -1:])
+    else:  # a whole causal LM (BLIP-2's language model)
+        logits = outputs.logits[:, -1:]
     return logits, output_cache(outputs)
 
 

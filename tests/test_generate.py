@@ -186,6 +186,28 @@ def test_a_tower_whose_output_the_feature_method_changes_is_not_the_image_encode
     assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
 
 
+@pytest.mark.parametrize("name", ["image-text-to-text:blip-2", "image-text-to-text:instructblip"])
+def test_a_model_whose_generate_runs_its_language_models_is_split_around_that_one(name):
+    # BLIP-2's and InstructBLIP's generate encode the image inline and call language_model.generate(inputs_embeds=...):
+    # their own forward never runs. The steps are the language model's, the image encoder their get_image_features.
+    from hfx._generate import _split_prefill, run_feature_encoders
+
+    model = zoo.build(name)
+    parts = hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model))
+    assert parts["decode"].module is model.language_model
+    assert parts["image_encoder"].module.method == "get_image_features"
+    programs = hfx.export(parts)
+    inputs = zoo.inputs(name, batch=3, sequence=9)
+    state = dict(inputs)
+    state["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    state["past_key_values"] = initial_cache(programs["language_model"], 3, "past_key_values")
+    logits, _ = _split_prefill(programs, state, run_feature_encoders(programs, state))
+    with torch.no_grad():  # the prompt's logits are eager forward's: the image features are the model's
+        want = model(**inputs).logits[:, -1:]
+    torch.testing.assert_close(logits, want, rtol=FP32_PARITY, atol=FP32_PARITY)
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
+
+
 def test_an_encoder_input_the_first_decoder_step_also_takes_is_handed_to_it():
     # T5Gemma 2's encoder reads the image, and its first decoder step is traced with pixel_values too
     name = "seq2seq-lm:t5gemma2"

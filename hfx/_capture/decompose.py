@@ -269,6 +269,7 @@ def decompose(
     steps = _steps(model, inputs, merge)
     recorded = recorded_generate(model, inputs, steps, generation_config)
     calls = recorded.calls
+    stepping = recorded.generating or model  # the module generate steps through
     multimodal = bool(feature_methods(model))
     language_model = _merged_language_model(model, recorded, merge, asked=multi_token_decode) if multimodal else None
     if multimodal:  # its steps merge in the language model, if anywhere: a whole forward takes the features
@@ -298,7 +299,7 @@ def decompose(
     }
     parts.update({name: part_capture(name, module, kwargs) for name, (module, kwargs) in recorded.parts.items()})
     if not merge and "language_model" not in parts:  # a multi-token decode graph prefills too
-        parts["prefill"] = Capture(module=model, source=model, kwargs=calls[0], name="prefill")
+        parts["prefill"] = Capture(module=stepping, source=stepping, kwargs=calls[0], name="prefill")
     if cross_encoder is not None:  # the decode graph's first step reads the cross-attention cache
         # The wrapper is the source: export flattens and patches what it traces (it holds the model).
         parts["encoder"] = attrs.evolve(parts["encoder"], module=cross_encoder, source=cross_encoder)
@@ -307,7 +308,7 @@ def decompose(
         parts["language_model"] = attrs.evolve(language_model, dynamic_shapes=shapes)
         decode = language_model.kwargs  # the step the cache input is read from
     else:
-        decode_capture = Capture(module=model, source=model, kwargs=decode, name="decode")
+        decode_capture = Capture(module=stepping, source=stepping, kwargs=decode, name="decode")
         shapes = _decode_shapes(decode_capture, multi_token=merge, whole_sequence=_takes_the_whole_sequence(calls))
         parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=shapes)
     if settings.is_encoder_decoder:  # some generate()s (Whisper's) return the decoder ids without the start token

@@ -123,6 +123,7 @@ class Recorded:
     calls: list[dict[str, Any]]
     length: int
     part_calls: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict)
+    generating: torch.nn.Module | None = None  # whose forward ``calls`` are, when not the model's (BLIP-2's language model)
 
 
 
@@ -133,6 +134,9 @@ def _prefill_parts(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
         "language_model": model.get_decoder(),
         "lm_head": model.get_output_embeddings(),
     }
+    if isinstance(found["language_model"], torch.nn.Module) and any(
+            m is found["lm_head"] for m in found["language_model"].modules()):
+        del found["lm_head"]  # the decoder is a whole causal LM (BLIP-2's language model): its logits are the prompt's
     return {name: module for name, module in found.items() if isinstance(module, torch.nn.Module) and module is not model}
 
 
@@ -176,8 +180,17 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
             stack.enter_context(_recording(tower, tower_calls[modality], running))
             stack.enter_context(_first_output(tower, tower_outputs[modality]))
             stack.enter_context(recording_vision_inputs(tower, vision_inputs[modality]))
+        child = _generating_child(model)
+        child_calls: list[dict[str, Any]] = []
+        if child is not None:
+            stack.enter_context(_recording(child, child_calls))
         with torch.no_grad():
             output = model.generate(**copy.deepcopy(dict(inputs)), **options)
+            if not calls and child_calls:  # its generate ran the child's: the steps are the child's forwards
+                calls, generating = child_calls, child
+                _call_unrun_feature_methods(base, methods, inputs, encoder_calls, method_outputs, running)
+            else:
+                generating = model
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
     # The projector each feature method ran: {modality: attribute name}.
     # A prefill that stays whole reads the feature methods' own outputs: then no projector is split off either.
@@ -213,8 +226,35 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
     calls = [_with_step_token_types(_with_features_only(_with_2d_mask(call, inputs, index)))
              for index, call in enumerate(calls)]
     return Recorded(encoders=encoders, parts=recorded_parts, projectors=projector_of, encoder_inputs=encoder_inputs,
-                     calls=calls, length=int(sequences.shape[-1]), part_calls=every_call)
+                     calls=calls, length=int(sequences.shape[-1]), part_calls=every_call,
+                     generating=generating if generating is not model else None)
 
+
+
+def _generating_child(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The child whose ``generate`` the model's own ``generate`` hands its prompt to, if it has one
+    (BLIP-2 and InstructBLIP: ``language_model.generate(inputs_embeds=...)`` after encoding the images)."""
+    child = getattr(model, "language_model", None)
+    overrides = any("generate" in vars(cls) for cls in type(model).__mro__
+                    if cls.__module__.startswith("transformers.models."))
+    if isinstance(child, torch.nn.Module) and child is not model and overrides and callable(getattr(child, "generate", None)):
+        return child
+    return None
+
+
+def _call_unrun_feature_methods(base: torch.nn.Module, methods: Mapping[str, str], inputs: Mapping[str, Any],
+                                encoder_calls: dict[str, list[dict[str, Any]]], method_outputs: dict[str, list[Any]],
+                                running: list[str]) -> None:
+    """Call each feature method ``generate`` did not (it encoded the images inline) on the generate inputs it takes,
+    recording the call and its output as if ``generate`` had made it."""
+    for modality, method in methods.items():
+        found = encoder_calls[f"{modality}_encoder"]
+        if found:
+            continue
+        takes = inspect.signature(getattr(base, method)).parameters
+        kwargs = {k: v for k, v in inputs.items() if k in takes}
+        if kwargs:
+            getattr(base, method)(**copy.deepcopy(kwargs))  # recorded by the method's own patch
 
 
 def _one_tensor_input(kwargs: Mapping[str, Any]) -> bool:
