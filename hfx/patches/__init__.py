@@ -37,7 +37,14 @@ from hfx.patches._delta_rule import (
 from hfx.patches._global_attention import dense_global_attention_forward, patch_dense_global_attention
 from hfx.patches._lightning import decayed_linear_attention, patch_lightning_attention
 from hfx.patches._model import patch_attention_implementation, patch_eval_mode, preserve_module_state
-from hfx.patches._moe import dense_experts_forward, moe_patches, patch_dense_expert_modules, patch_dense_experts
+from hfx.patches._moe import (
+    dense_experts_forward,
+    dense_identity_experts_forward,
+    moe_patches,
+    patch_dense_expert_modules,
+    patch_dense_experts,
+    patch_dense_identity_experts,
+)
 from hfx.patches._padded_images import patch_padded_image_batch
 from hfx.patches._pixel_shuffle import patch_integer_pixel_shuffle
 from hfx.patches._ssm import (
@@ -79,7 +86,7 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Example:
         >>> import torch
         >>> [getattr(p, "func", p).__name__ for p in default_patches(torch.nn.Linear(1, 1))]
-        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place', 'patch_lightning_attention', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_deepstack_gather', 'patch_dense_experts', 'patch_dense_expert_modules']
+        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place', 'patch_lightning_attention', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_deepstack_gather', 'patch_dense_experts', 'patch_dense_expert_modules', 'patch_dense_identity_experts']
     """
     bound = tuple(
         functools.partial(patch, model)
@@ -101,6 +108,7 @@ __all__ = [
     "dense_experts_forward",
     "decayed_linear_attention",
     "dense_global_attention_forward",
+    "dense_identity_experts_forward",
     "patch_attention_implementation",
     "patch_axial_positions",
     "patch_padding_mask_from_a_python_range",
@@ -111,6 +119,7 @@ __all__ = [
     "patch_dense_expert_modules",
     "patch_dense_experts",
     "patch_dense_global_attention",
+    "patch_dense_identity_experts",
     "patch_eval_mode",
     "patch_even_chunks",
     "patch_funnel_positions",

@@ -149,11 +149,53 @@ def patch_dense_expert_modules(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
+def dense_identity_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                                   top_k_weights: torch.Tensor) -> torch.Tensor:
+    """LongCat-Flash's experts for ``hidden_states (T, H)`` with every routed expert on every token, and its
+    zero-computation experts (indices past the routed ones: the token itself) as one weighted identity.
+
+    The same sums as transformers' ``expert_hit`` loop, each token's output weighted by its routing (zero
+    where it is not routed).
+    """
+    num_tokens, hidden_dim = hidden_states.shape
+    routed = self.num_routed_experts
+    routing = torch.zeros(num_tokens, self.total_experts, dtype=top_k_weights.dtype, device=hidden_states.device)
+    routing = routing.scatter_add(1, top_k_index, top_k_weights)  # (T, experts)
+    output = hidden_states * routing[:, routed:].sum(dim=-1, keepdim=True).to(hidden_states.dtype)
+    if routed > 0 and self.gate_up_proj is not None:
+        tiled = hidden_states.repeat(routed, 1).view(routed, num_tokens, hidden_dim)
+        gate, up = _experts_linear(tiled, self.gate_up_proj[:routed], None, transposed=False).chunk(2, dim=-1)
+        projected = _experts_linear(self.act_fn(gate) * up, self.down_proj, None, transposed=False)
+        output = output + (projected * routing[:, :routed].transpose(0, 1)[..., None]).sum(dim=0).to(hidden_states.dtype)
+    return output
+
+
+@contextlib.contextmanager
+def patch_dense_identity_experts(model: torch.nn.Module) -> Iterator[None]:
+    """Run LongCat-Flash-style experts (routed experts plus zero-computation identity experts, looped over
+    ``expert_hit = ...nonzero()``) as ``dense_identity_experts_forward`` for the length of the block.
+
+    Model pattern: ``LongcatFlashExperts`` (transformers 5.22-5.24), not ``@use_experts_implementation``: its loop
+    over the experts hit branches on the routing's values ("Could not guard on data-dependent expression
+    Eq(u0, 0)"). A no-op for other models. Delete when transformers routes its zero experts in the
+    decorator's implementations.
+
+    Args:
+        model: the model to export; only the classes of its modules are patched.
+    """
+    owners = {type(m) for m in model.modules()
+              if hasattr(m, "identity_expert") and hasattr(m, "num_routed_experts")
+              and source_contains(vars(type(m)).get("forward"), "for expert_idx_tensor in expert_hit")}
+    with swap_attr_on_each(owners, "forward", dense_identity_experts_forward):
+        yield
+
+
 def moe_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     """Return the mixture-of-experts patches for ``model``, bound to it (no-ops without experts layers).
 
     Example:
         >>> [p.func.__name__ for p in moe_patches(torch.nn.Linear(1, 1))]
-        ['patch_dense_experts', 'patch_dense_expert_modules']
+        ['patch_dense_experts', 'patch_dense_expert_modules', 'patch_dense_identity_experts']
     """
-    return (functools.partial(patch_dense_experts, model), functools.partial(patch_dense_expert_modules, model))
+    return tuple(functools.partial(patch, model)
+                 for patch in (patch_dense_experts, patch_dense_expert_modules, patch_dense_identity_experts))

@@ -7,7 +7,14 @@ import torch
 
 import hfx
 from hfx import zoo
-from hfx.patches import default_patches, dense_experts_forward, patch_dense_expert_modules, patch_dense_experts
+from hfx.patches import (
+    default_patches,
+    dense_experts_forward,
+    dense_identity_experts_forward,
+    patch_dense_expert_modules,
+    patch_dense_experts,
+    patch_dense_identity_experts,
+)
 from hfx.patches._moe import dense_expert_modules_forward, dense_indexed_expert_modules_forward
 from tests.helpers import assert_leaves_forwards
 from tests.tolerances import FP32_ONE_BLOCK
@@ -146,4 +153,33 @@ def test_switch_transformers_exports_and_matches_eager_on_a_new_shape():
     inputs = zoo.forward_inputs("seq2seq-lm:switch_transformers", batch=2, sequence=7)
     exported = hfx.export(hfx.capture(inputs)(model))
     report = hfx.verify(model, zoo.forward_inputs("seq2seq-lm:switch_transformers", batch=3, sequence=11), exported)
+    assert report.passed, report
+
+
+# patch_dense_identity_experts
+
+LONGCAT = "causal-lm:longcat_flash"
+
+
+def test_dense_identity_experts_equal_longcats_loop_with_zero_experts_routed():
+    model = zoo.build(LONGCAT)
+    experts = next(m for m in model.modules() if type(m).__name__ == "LongcatFlashExperts")
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(6, model.config.hidden_size, generator=generator)
+    # every token routed to one routed and one zero-computation expert at least once, one token twice
+    index = torch.stack([torch.arange(6) % experts.num_routed_experts,
+                         experts.num_routed_experts + torch.arange(6) % experts.zero_expert_num], dim=1)
+    index[0, 1] = index[0, 0]
+    weights = torch.rand(6, 2, generator=generator)
+    with torch.no_grad():
+        want = experts(hidden, index, weights)
+        got = dense_identity_experts_forward(experts, hidden, index, weights)
+    torch.testing.assert_close(got, want, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+    assert_leaves_forwards(patch_dense_identity_experts, zoo.build("mixtral"))
+
+
+def test_longcat_exports_and_matches_eager_on_a_new_shape():
+    model = zoo.build(LONGCAT)
+    exported = hfx.export(hfx.capture(zoo.forward_inputs(LONGCAT, batch=2, sequence=7))(model))
+    report = hfx.verify(model, zoo.forward_inputs(LONGCAT, batch=3, sequence=11), exported)
     assert report.passed, report
