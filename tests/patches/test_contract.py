@@ -244,6 +244,8 @@ ROWS = (
     Row(patch=patches.patch_deepstack_gather, args=_shared("image-text-to-text:qwen3_vl"),
         slots=lambda model: [(_owner("transformers.models.qwen3_vl.modeling_qwen3_vl", "Qwen3VLTextModel"),
                               "_deepstack_process")]),
+    Row(patch=patches.patch_functional_token_shift, args=_shared("sequence-classification:mbart"),
+        slots=lambda model: [(vars(sys.modules["transformers.models.mbart.modeling_mbart"]), "shift_tokens_right")]),
     Row(patch=patches.patch_tensor_len, args=_shared("llama"),
         slots=lambda model: [(vars(sys.modules["transformers.models.llama.modeling_llama"]), "len")], adds=True),
     Row(patch=patches.patch_position_interpolation, args=_shared("dinov2"),
