@@ -320,6 +320,9 @@ def decompose(
         cache_input=next((k for k, v in decode.items() if is_cache(v)), None),
         placeholder_tokens=placeholder_tokens(model, tuple(encoders.values())),
         whole_sequence_steps=_takes_the_whole_sequence(calls),
+        # XLM with transformers 5.24 fills its cache and still takes the whole sequence, its mask token and langs
+        appended_tokens=_appended_tokens(calls, inputs.get("input_ids")),
+        token_fills=_token_fills(calls),
     )
     meta = GenerationMeta(generation=settings, roles=roles, model=_model_spec(model), encoder_inputs=recorded.encoder_inputs)
     return Components(items=parts, meta=meta)
@@ -346,10 +349,17 @@ def _cache_free(calls: list[dict[str, Any]]) -> bool:
     with its own masks.
     """
     ids = [call.get("input_ids") for call in calls]
-    if len(calls) < 2 or any(_past_length(call) != 0 for call in calls):  # noqa: PLR2004 - prompt, a step
+    if len(calls) < 2 or not all(_holds_no_tokens(call) for call in calls):  # noqa: PLR2004 - prompt, a step
         return False  # (generate hands such a model an empty cache it never fills)
     return all(isinstance(t, torch.Tensor) for t in ids) and all(
         later.shape[-1] == earlier.shape[-1] + 1 for earlier, later in zip(ids, ids[1:], strict=False))
+
+
+def _holds_no_tokens(call: Mapping[str, Any]) -> bool:
+    """Whether the call's cache (if any) holds no tensor with elements: an empty cache, its layers unfilled
+    (transformers 5.24's lazily built layers hold empty placeholders)."""
+    cache = next((v for v in call.values() if is_cache(v)), None)
+    return cache is None or all(t.numel() == 0 for _, t, _ in owned_tensors({"past": cache}))
 
 
 def _cache_free_components(model: torch.nn.Module, calls: list[dict[str, Any]], prompt: Any, recorded: Any,
@@ -370,8 +380,8 @@ def _cache_free_components(model: torch.nn.Module, calls: list[dict[str, Any]], 
 def _appended_tokens(calls: list[dict[str, Any]], prompt: Any) -> tuple[int, ...]:
     """The tokens ``generate`` put after the sequence in every call of a cache-free model, the same in each row
     (XLM's ``prepare_inputs_for_generation`` appends its mask token); ``()`` when there are none."""
-    first, second = calls[0]["input_ids"], calls[1]["input_ids"]
-    if not isinstance(prompt, torch.Tensor) or first.shape[-1] <= prompt.shape[-1]:
+    first, second = calls[0].get("input_ids"), calls[1].get("input_ids") if len(calls) > 1 else None
+    if not all(isinstance(t, torch.Tensor) for t in (prompt, first, second)) or first.shape[-1] <= prompt.shape[-1]:
         return ()
     tail = first[:, prompt.shape[-1]:]
     if not torch.equal(first[:, :prompt.shape[-1]], prompt) or not bool((tail == tail[:1]).all()):
@@ -389,7 +399,9 @@ _LOOP_INPUTS = frozenset({"input_ids", "attention_mask", "position_ids", "token_
 def _token_fills(calls: list[dict[str, Any]]) -> dict[str, int]:
     """``{input: value}`` of the integer inputs shaped like ``input_ids`` that hold one value in every call
     (XLM's ``langs``: ``torch.full_like(input_ids, config.lang_id)``)."""
-    fills = {}
+    fills: dict[str, int] = {}
+    if not all(isinstance(call.get("input_ids"), torch.Tensor) for call in calls):
+        return fills
     for name, value in calls[0].items():
         if name in _LOOP_INPUTS or not isinstance(value, torch.Tensor) or value.is_floating_point():
             continue

@@ -52,15 +52,16 @@ def _lightning_forward(self: Any, hidden_states: torch.Tensor, position_embeddin
     qkv_states = mask_padding(self.act_fn(self.qkv_proj(hidden_states)), attention_mask)
     qkv_states = qkv_states.reshape(batch_size, seq_len, self.num_attention_heads, 3 * self.head_dim)
     query, key, value = (s.transpose(1, 2) for s in torch.split(qkv_states, self.head_dim, dim=3))
-    state = past_key_values.get_linear_cache(self.layer_idx) if past_key_values is not None else None
+    cache = past_key_values if past_key_values is not None else kwargs.get("cache")  # "cache" from transformers 5.24
+    state = cache.get_linear_cache(self.layer_idx) if cache is not None else None
     if state is None:
         state = value.new_zeros(batch_size, self.num_attention_heads, self.head_dim, self.head_dim)
     attn_output, state = decayed_linear_attention(query, key, value, state, self.slope_rate)
     attn_output = attn_output.transpose(1, 2).reshape(batch_size, seq_len, self.num_attention_heads * self.head_dim)
     attn_output = F.sigmoid(self.output_gate(hidden_states)) * self.norm(attn_output)
     attn_output = self.out_proj(attn_output)
-    if past_key_values is not None:
-        past_key_values.set_linear_cache(self.layer_idx, state)
+    if cache is not None:
+        cache.set_linear_cache(self.layer_idx, state)
     return attn_output, state
 
 
