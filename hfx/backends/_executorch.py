@@ -73,7 +73,8 @@ RUNTIME = "pte"
 # min(its export bound, DEFAULT_MAX_SIZE). The runtime allocates the memory planned
 # for them at load, and attention makes that grow as batch * sequence**2: the tiny
 # zoo Llama plans 58 MiB at (4, 512) but 454 MiB at (8, 1024) (docs/runtimes/executorch.md).
-DEFAULT_MAX_SIZES: Mapping[str, int] = MappingProxyType({"batch": 4})
+# A waveform's dim counts samples: 512 would be 32 ms at 16 kHz, so it gets 10 s.
+DEFAULT_MAX_SIZES: Mapping[str, int] = MappingProxyType({"batch": 4, "audio_length": 160_000})
 DEFAULT_MAX_SIZE = 512
 
 _METHOD = "forward"
@@ -252,7 +253,7 @@ def lower_to_pte(
     """Lower ``exported`` to an ExecuTorch program delegated to XNNPACK, planned for bounded dims.
 
     ExecuTorch plans memory at each dynamic dim's upper bound, so every dim gets
-    a finite one: ``max_sizes[name]``, else ``DEFAULT_MAX_SIZES[name]`` (batch 4),
+    a finite one: ``max_sizes[name]``, else ``DEFAULT_MAX_SIZES[name]`` (batch 4, audio_length 160 000),
     else ``min(export bound, DEFAULT_MAX_SIZE)`` (512), never above the export's
     own bound. The program records them in ``io.bounds``; a larger input raises
     ``InputError``. ExecuTorch's lowering runs under ``patches``, the

@@ -199,6 +199,12 @@ def test_a_bounded_decode_step_from_a_capture_generates_and_refuses_what_its_pla
         hfx.generate(zoo.inputs("llama", batch=4, sequence=5), programs, max_new_tokens=2)
 
 
+def test_a_waveform_is_planned_for_ten_seconds_by_default(exported):
+    # 512 samples (the default of other dims) would refuse any real clip: 32 ms at 16 kHz.
+    lo, hi = pte_bounds(exported("wav2vec2"))["audio_length"]
+    assert hi == DEFAULT_MAX_SIZES["audio_length"] == 160_000 and lo <= 20 * CAPTURE_SHAPE["sequence"]
+
+
 def test_max_sizes_above_the_export_bound_is_a_value_error(exported):
     with pytest.raises(ValueError, match=r"max_sizes\['sequence'\] = 4096 is above the export's bound for 'sequence', 128"):
         lower_to_pte(exported("bert"), max_sizes={"sequence": 4096})
