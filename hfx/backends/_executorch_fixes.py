@@ -197,6 +197,12 @@ def _conv1d_reshapes_have_one_dynamic_dim(node: torch.fx.Node) -> bool:
     return not _is_conv1d(node) or (_dynamic_dims(node) <= 1 and _dynamic_dims(data) <= 1)
 
 
+def _batch_norm1d_reshapes_have_one_dynamic_dim(node: torch.fx.Node) -> bool:
+    """Whether a batch norm's input, when 3-D (the 1-D convolution XNNPACK decomposes it into), has one dynamic dim at most."""
+    data = node.args[0]
+    return len(getattr(data.meta.get("val"), "shape", ())) != 3 or _dynamic_dims(data) <= 1
+
+
 def _is_exact_gelu(node: torch.fx.Node) -> bool:
     """Whether ``node`` is the erf GELU (``approximate="none"``), the only one XNNPACK computes."""
     return node.kwargs.get("approximate", "none") == "none"
@@ -246,14 +252,23 @@ def patch_xnnpack_conv1d_dynamic_dims() -> Iterator[None]:
     dynamic dimension". ``ConvolutionConfig.check_constraints``
     (partition/config/gemm_configs.py) does not check it. Audio encoders hit it
     in the feature extractor and the positional convolution over ``[batch,
-    channels, frames]`` (wav2vec2, HuBERT, WavLM, Data2VecAudio, SEW …). The
-    check runs after the partitioner's own. Delete when the partitioner checks
-    it itself.
+    channels, frames]`` (wav2vec2, HuBERT, WavLM, Data2VecAudio, SEW …). A
+    batch norm over such a tensor is the same 1-D convolution once
+    ``DecomposeBatchNorm`` (``_passes/decompose_batch_norm.py``) makes it a 1x1
+    depthwise one, and ``BatchNormConfig`` (partition/config/node_configs.py)
+    does not check it either: the conformer convolution modules of Parakeet and
+    LASR. The checks run after the partitioner's own. Delete when the
+    partitioner checks it itself.
     """
     from executorch.backends.xnnpack.partition.config.gemm_configs import ConvolutionConfig
+    from executorch.backends.xnnpack.partition.config.node_configs import BatchNormConfig
 
-    original = vars(ConvolutionConfig)["check_constraints"]
-    with swap_attr(ConvolutionConfig, "check_constraints", _refusing(original, _conv1d_reshapes_have_one_dynamic_dim)):
+    conv = vars(ConvolutionConfig)["check_constraints"]
+    batch_norm = vars(BatchNormConfig)["check_constraints"]
+    with (
+        swap_attr(ConvolutionConfig, "check_constraints", _refusing(conv, _conv1d_reshapes_have_one_dynamic_dim)),
+        swap_attr(BatchNormConfig, "check_constraints", _refusing(batch_norm, _batch_norm1d_reshapes_have_one_dynamic_dim)),
+    ):
         yield
 
 

@@ -50,6 +50,19 @@ class _Conv1d(torch.nn.Module):
         return self.conv(input_values).relu()
 
 
+class _BatchNorm1d(torch.nn.Module):
+    """A conformer convolution module's normalisation: ``BatchNorm1d`` over ``[batch, channels, frames]`` (Parakeet)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(4).eval()
+        self.norm.running_mean.uniform_(-1, 1)
+        self.norm.running_var.uniform_(0.5, 2)
+
+    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
+        return self.norm(input_values.tanh())
+
+
 class _Chunked(torch.nn.Module):
     """A Mamba-like gated projection: ``in_proj(x).chunk(2, dim=-1)`` of a batched tensor."""
 
@@ -290,6 +303,21 @@ def test_without_the_conv1d_patch_xnnpack_still_cannot_serialise_the_reshapes():
         lower_to_pte(exported, patches=_without(patch_xnnpack_conv1d_dynamic_dims))
 
 
+def test_a_batch_norm_over_two_dynamic_dims_lowers_and_runs_at_new_sizes():
+    torch.manual_seed(0)
+    module = _BatchNorm1d().eval()
+    program = _lowered_tiny(module, torch.randn(2, 4, 20), {0: "batch", 2: "frames"}, name="input_values")
+    x = torch.randn(3, 4, 33)
+    assert torch.allclose(program(input_values=x), module(x), atol=FP32_ONE_BLOCK)
+
+
+def test_without_the_conv1d_patch_xnnpack_still_cannot_serialise_a_batch_norms_reshapes():
+    """Canary: when this fails, XNNPACK decomposes a 1-D batch norm with two dynamic dims and the patch's check can go."""
+    exported = _exported_tiny(_BatchNorm1d().eval(), torch.randn(2, 4, 20), {0: "batch", 2: "frames"}, name="input_values")
+    with pytest.raises(hfx.LoweringError, match="XNNPACK reshape only supports 1 dynamic dimension"):
+        lower_to_pte(exported, patches=_without(patch_xnnpack_conv1d_dynamic_dims))
+
+
 def test_the_tanh_gelu_is_computed_as_asked():
     torch.manual_seed(0)
     module = _TanhGelu()
@@ -319,6 +347,13 @@ def test_the_conv1d_check_refuses_two_dynamic_dims_only_for_1d_convolutions():
     assert not check(_node(("b", 4, 9), both, weight_1d))  # the input's unsqueeze has two
     assert check(_node(("b", 4, 9), _node(("b", 2, 20)), weight_1d))
     assert check(_node(("b", 4, "h", "w"), _node(("b", 2, "h", "w")), weight_2d))
+
+
+def test_the_batch_norm_check_refuses_two_dynamic_dims_only_for_3d_inputs():
+    check = fixes._batch_norm1d_reshapes_have_one_dynamic_dim
+    assert not check(_node(("b", 4, "t"), _node(("b", 4, "t"))))
+    assert check(_node(("b", 4, 9), _node(("b", 4, 9))))
+    assert check(_node(("b", 4, "h", "w"), _node(("b", 4, "h", "w"))))
 
 
 def test_the_gelu_check_accepts_the_erf_gelu_only():
