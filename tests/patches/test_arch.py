@@ -18,6 +18,7 @@ from hfx.patches import (
     patch_complex_rotary,
     patch_deepstack_gather,
     patch_dense_global_attention,
+    patch_eos_pooling_gather,
     patch_functional_token_shift,
     patch_funnel_positions,
     patch_integer_pixel_shuffle,
@@ -84,7 +85,7 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
                                          patch_padding_mask_from_a_python_range, patch_tensor_len, patch_padding_mask_kept,
                                          patch_dense_global_attention, patch_padded_image_batch,
                                          patch_integer_pixel_shuffle, patch_deepstack_gather,
-                                         patch_functional_token_shift]
+                                         patch_functional_token_shift, patch_eos_pooling_gather]
     assert all(p.args == (dinov2,) for p in patches)
 
 

@@ -1,0 +1,59 @@
+"""patch_eos_pooling_gather: BART-style classifiers pooled at the last <eos> by a gather."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hfx
+from hfx import zoo
+from hfx.patches import patch_eos_pooling_gather, rows_at_last_true
+from tests.helpers import assert_leaves_forwards
+
+BART_FAMILY = ["sequence-classification:bart", "sequence-classification:mbart", "sequence-classification:plbart",
+               "sequence-classification:mvp"]
+
+
+def test_the_gather_takes_each_rows_last_true_as_the_boolean_index_does():
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 6, 4, generator=generator)
+    mask = torch.tensor([[0, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 1], [0, 0, 1, 1, 0, 0]], dtype=torch.bool)
+    assert torch.equal(rows_at_last_true(hidden, mask), hidden[mask, :].view(3, -1, 4)[:, -1, :])
+
+
+@pytest.mark.parametrize("name", BART_FAMILY)
+def test_the_patched_classifier_gives_eagers_logits_and_restores_forward(name):
+    model = zoo.build(name)
+    inputs = zoo.forward_inputs(name, batch=3, sequence=11)
+    original = type(model).forward
+    with torch.no_grad():
+        want = model(**inputs)
+        with patch_eos_pooling_gather(model):
+            assert type(model).forward is not original
+            got = model(**inputs)
+            as_tuple = model(**inputs, return_dict=False)  # the original forward's own return
+    assert type(model).forward is original
+    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=0)
+    torch.testing.assert_close(got.encoder_last_hidden_state, want.encoder_last_hidden_state, rtol=0, atol=0)
+    assert isinstance(as_tuple, tuple)
+
+
+def test_a_call_with_labels_keeps_the_loss():
+    name = BART_FAMILY[0]
+    model = zoo.build(name)
+    inputs = zoo.forward_inputs(name, batch=2, sequence=7)
+    labels = torch.tensor([0, 1])
+    with torch.no_grad():
+        want = model(**inputs, labels=labels).loss
+        with patch_eos_pooling_gather(model):
+            got = model(**inputs, labels=labels).loss
+    torch.testing.assert_close(got, want)
+    assert_leaves_forwards(patch_eos_pooling_gather, zoo.build("llama"))
+
+
+def test_mbart_classifier_lowers_to_executorch_and_matches_eager_at_another_shape():
+    name = BART_FAMILY[1]
+    model = zoo.build(name)
+    program = hfx.lower_to_pte(hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7))(model)))
+    report = hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), program)
+    assert report.passed, report
