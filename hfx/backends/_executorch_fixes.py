@@ -523,6 +523,66 @@ def patch_exact_upper_bounds() -> Iterator[None]:
         yield
 
 
+# --- tensor specs ----------------------------------------------------------------------------------
+
+# The modules that bind executorch.exir.tensor's ``dim_order_from_stride`` under their own name.
+_DIM_ORDER_USERS = ("executorch.exir.tensor", "executorch.exir.tensor_layout", "executorch.exir.emit._emitter",
+                    "executorch.exir.passes.replace_view_copy_with_view_pass",
+                    "executorch.backends.native.serialization.graph_serialize")
+
+
+def stable_dim_order(stride: tuple[Any, ...]) -> tuple[int, ...]:
+    """The dims from the largest stride down, two strides whose order is not known for every size kept as they are.
+
+    >>> stable_dim_order((1, 12, 4))
+    (1, 2, 0)
+    """
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    def order(a: int, b: int) -> int:
+        return -1 if guard_or_false(stride[a] > stride[b]) else 1 if guard_or_false(stride[a] < stride[b]) else 0
+
+    return tuple(sorted(range(len(stride)), key=functools.cmp_to_key(order)))
+
+
+def _dim_order_or_stable(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``original``, or ``stable_dim_order`` where ``original`` cannot order strides of data-dependent sizes."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    @functools.wraps(original)
+    def dim_order_from_stride(stride: Any) -> Any:
+        try:
+            return original(stride)
+        except GuardOnDataDependentSymNode:
+            return stable_dim_order(tuple(stride))
+
+    return dim_order_from_stride
+
+
+@contextlib.contextmanager
+def patch_dim_order_of_data_dependent_strides() -> Iterator[None]:
+    """Order the dims of a tensor whose strides hold a data-dependent size without guarding on its value.
+
+    executorch 1.5.1's ``dim_order_from_stride`` (exir/tensor.py) sorts a tensor's strides when it
+    builds the tensor's spec; for a stride such as ``8 * u0`` against ``8`` (a ``[2, u0, 8]``
+    tensor, ``u0`` the row count of a boolean index) its fallback compares the values, and
+    ``to_executorch`` fails: "GuardOnDataDependentSymNode: Could not guard on data-dependent
+    expression 8*u11 < 8". Only ``u0 == 0`` would order them otherwise, where the tensor is
+    empty and any order is its layout. Where the original fails, two strides whose order is
+    not known keep their order (``stable_dim_order``): the contiguous layout torch.export
+    traced. UltraVBERT's image rows (masked LM with images) hit it. Delete when ExecuTorch
+    orders such strides itself.
+    """
+    import importlib
+
+    with contextlib.ExitStack() as stack:
+        for name in _DIM_ORDER_USERS:
+            module = importlib.import_module(name)
+            original = vars(module)["dim_order_from_stride"]
+            stack.enter_context(swap_attr(module, "dim_order_from_stride", _dim_order_or_stable(original)))
+        yield
+
+
 # The patches ``lower_to_pte`` enters around ExecuTorch's lowering (``to_edge_transform_and_lower``,
 # ``to_executorch``), in order. Read, extend or replace: ``lower_to_pte(patches=(*PTE_PATCHES, my_patch))``.
 PTE_PATCHES: tuple[Patch, ...] = (
@@ -534,6 +594,7 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_xnnpack_tanh_gelu,
     patch_sdpa_decomposition_layout,
     patch_exact_upper_bounds,
+    patch_dim_order_of_data_dependent_strides,
     patch_export_pass_skips_unchanged_retraces,
     patch_bilinear_patterns_not_built_when_kept_whole,
     patch_decompositions_in_one_retrace,

@@ -26,11 +26,13 @@ from hfx.backends._executorch_fixes import (  # noqa: E402
     laid_out_like,
     patch_edge_decomposition_table,
     patch_edge_validator_list_returns,
+    patch_dim_order_of_data_dependent_strides,
     patch_edge_verifier_sym_functions,
     patch_exact_upper_bounds,
     patch_sdpa_decomposition_layout,
     patch_xnnpack_conv1d_dynamic_dims,
     patch_xnnpack_tanh_gelu,
+    stable_dim_order,
 )
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE  # noqa: E402
 from tests.tolerances import FP32_ONE_BLOCK, FP32_SAME_KERNELS  # noqa: E402
@@ -61,6 +63,14 @@ class _BatchNorm1d(torch.nn.Module):
 
     def forward(self, input_values: torch.Tensor) -> torch.Tensor:
         return self.norm(input_values.tanh())
+
+
+class _StackedRows(torch.nn.Module):
+    """Image rows picked with a boolean mask (UltraVBERT), stacked: a ``[2, u0, 8]`` tensor, strides ``(8 * u0, 8, 1)``."""
+
+    def forward(self, values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        rows = values[keep.bool()]
+        return torch.stack([rows, rows * 2]).sum(1)
 
 
 class _Chunked(torch.nn.Module):
@@ -481,3 +491,30 @@ def test_the_exact_upper_bound_skips_zero_divisors_and_gives_up_on_unknown_funct
 # (patch, module, class in it or None, attribute name) of each attribute a patch of PTE_PATCHES wraps.
 
 
+
+
+# --- tensor specs ----------------------------------------------------------------------------------
+
+
+def _stacked_rows_exported() -> hfx.Exported:
+    inputs = {"values": torch.randn(4, 8), "keep": torch.tensor([1, 0, 1, 1])}
+    return hfx.export(hfx.capture(inputs, _StackedRows()))
+
+
+def test_a_stride_of_a_data_dependent_size_lowers_and_matches_eager():
+    program = lower_to_pte(_stacked_rows_exported())
+    values, keep = torch.randn(3, 8, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 1])
+    torch.testing.assert_close(program(values=values, keep=keep), _StackedRows()(values, keep), rtol=0, atol=0)
+
+
+def test_without_the_dim_order_patch_executorch_still_guards_on_the_size():
+    """Canary: when this fails, ExecuTorch orders strides of data-dependent sizes and the patch can go."""
+    with pytest.raises(hfx.LoweringError, match="Could not guard on data-dependent expression"):
+        lower_to_pte(_stacked_rows_exported(), patches=_without(patch_dim_order_of_data_dependent_strides))
+
+
+def test_the_stable_dim_order_sorts_known_strides_and_keeps_unknown_pairs():
+    u0 = torch.fx.experimental.symbolic_shapes.ShapeEnv().create_unbacked_symint()
+    assert stable_dim_order((1, 12, 4)) == (1, 2, 0)
+    assert stable_dim_order((8 * u0, 8, 1)) == (0, 1, 2)
+    assert stable_dim_order((8, 8 * u0, 1)) == (0, 1, 2)  # unknown either way: kept as given
