@@ -75,6 +75,16 @@ def new_inputs(name: str) -> dict[str, torch.Tensor]:
     return zoo.inputs(name, **NEW_SHAPE)
 
 
+def forward_report_at_a_new_shape(name: str, lower: Callable[[Any], Any] = lambda exported: exported) -> Any:
+    """``hfx.verify``'s report for zoo model ``name`` exported at the capture shape, lowered with ``lower``, run at
+    ``NEW_SHAPE``."""
+    import hfx
+
+    model = zoo.build(name)
+    program = lower(hfx.export(hfx.capture(zoo.forward_inputs(name, **CAPTURE_SHAPE))(model)))
+    return hfx.verify(model, zoo.forward_inputs(name, **NEW_SHAPE), program)
+
+
 def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A deep copy of the model's parameters and buffers, to compare after a stage."""
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -16,6 +16,7 @@ from hfx.patches import (
     arch_patches,
     patch_axial_positions,
     patch_complex_rotary,
+    patch_covering_average_pool,
     patch_deepstack_gather,
     patch_dense_global_attention,
     patch_eos_pooling_gather,
@@ -85,7 +86,8 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
                                          patch_padding_mask_from_a_python_range, patch_tensor_len, patch_padding_mask_kept,
                                          patch_dense_global_attention, patch_padded_image_batch,
                                          patch_integer_pixel_shuffle, patch_deepstack_gather,
-                                         patch_functional_token_shift, patch_eos_pooling_gather]
+                                         patch_functional_token_shift, patch_eos_pooling_gather,
+                                         patch_covering_average_pool]
     assert all(p.args == (dinov2,) for p in patches)
 
 

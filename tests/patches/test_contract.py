@@ -249,6 +249,8 @@ ROWS = (
     Row(patch=patches.patch_eos_pooling_gather, args=_shared("sequence-classification:bart"),
         slots=lambda model: [(_owner("transformers.models.bart.modeling_bart", "BartForSequenceClassification"),
                               "forward")]),
+    Row(patch=patches.patch_covering_average_pool, args=_shared("image-classification:efficientnet"),
+        slots=lambda model: [(model.efficientnet.pooler, "forward")], adds=True),
     Row(patch=patches.patch_tensor_len, args=_shared("llama"),
         slots=lambda model: [(vars(sys.modules["transformers.models.llama.modeling_llama"]), "len")], adds=True),
     Row(patch=patches.patch_position_interpolation, args=_shared("dinov2"),

@@ -8,7 +8,7 @@ import torch
 import hfx
 from hfx import zoo
 from hfx.patches import patch_eos_pooling_gather, rows_at_last_true
-from tests.helpers import assert_leaves_forwards
+from tests.helpers import assert_leaves_forwards, forward_report_at_a_new_shape
 
 BART_FAMILY = ["sequence-classification:bart", "sequence-classification:mbart", "sequence-classification:plbart",
                "sequence-classification:mvp"]
@@ -52,8 +52,5 @@ def test_a_call_with_labels_keeps_the_loss():
 
 
 def test_mbart_classifier_lowers_to_executorch_and_matches_eager_at_another_shape():
-    name = BART_FAMILY[1]
-    model = zoo.build(name)
-    program = hfx.lower_to_pte(hfx.export(hfx.capture(zoo.forward_inputs(name, batch=2, sequence=7))(model)))
-    report = hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), program)
+    report = forward_report_at_a_new_shape(BART_FAMILY[1], hfx.lower_to_pte)
     assert report.passed, report

@@ -9,7 +9,7 @@ from transformers.models.plbart import modeling_plbart
 import hfx
 from hfx import zoo
 from hfx.patches import patch_functional_token_shift, rotated_decoder_inputs
-from tests.helpers import assert_leaves_forwards
+from tests.helpers import assert_leaves_forwards, forward_report_at_a_new_shape
 
 MBART = "sequence-classification:mbart"
 
@@ -29,7 +29,5 @@ def test_the_rotation_equals_mbarts_and_plbarts_shift():
 
 
 def test_mbart_on_openvino_matches_eager_at_another_batch():
-    model = zoo.build(MBART)
-    program = hfx.lower_to_ov(hfx.export(hfx.capture(zoo.forward_inputs(MBART, batch=2, sequence=7))(model)))
-    report = hfx.verify(model, zoo.forward_inputs(MBART, batch=3, sequence=11), program)
+    report = forward_report_at_a_new_shape(MBART, hfx.lower_to_ov)
     assert report.passed, report
