@@ -46,7 +46,7 @@ from hfx.backends._common import (
     require,
     root_cause,
 )
-from hfx.backends._onnx_fixes import ONNX_FIXES, OnnxFix
+from hfx.backends._onnx_fixes import ONNX_FIXES, OnnxFix, exact_no_op_constants
 from hfx.backends._onnx_fusions import ORT_FUSIONS, OnnxFusion
 from hfx._serial import one_at_a_time
 from hfx.backends._onnx_translations import onnx_translations
@@ -358,7 +358,7 @@ def _fused(exported: Exported, model: Any, fusions: tuple[OnnxFusion, ...], log:
     counts = {}
     for name, fusion in zip(fix_names(fusions), fusions):
         try:
-            with _quietly(log):
+            with _quietly(log), exact_no_op_constants():  # the fusions run onnxscript's optimizer too
                 counts[name] = fusion(model)
         except Exception as exc:
             what = f"the fusion {name!r} failed: {root_cause(exc)}."

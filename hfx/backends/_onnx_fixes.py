@@ -11,7 +11,8 @@ Nothing here imports onnx at import time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -297,8 +298,53 @@ def torchlib_registry_built_once(convert: Callable[[], Any], /) -> Any:
         return convert()
 
 
+def _tolerant_no_op_constants() -> list[Any]:
+    """The constant patterns (``x + 0``, ``x * 1`` ...) of onnxscript's no-op rules that match within a tolerance."""
+    import importlib
+
+    for name in ("onnxscript.rewriter.rules.common._no_op", "onnxscript.rewriter._no_op"):
+        try:
+            rules = importlib.import_module(name).rules
+            break
+        except (ImportError, AttributeError):
+            continue
+    else:
+        return []
+    from onnxscript.rewriter._pattern_ir import Constant
+
+    return [value for rule in rules for node in rule._target_pattern._nodes for value in node.inputs  # noqa: SLF001
+            if isinstance(value, Constant) and (value._abs_tol or value._rel_tol)]  # noqa: SLF001
+
+
+@contextlib.contextmanager
+def exact_no_op_constants() -> Iterator[None]:
+    """Make onnxscript's no-op rules (``x + 0``, ``x - 0``, ``x * 1``, ``x / 1``) match exact constants only, in the block.
+
+    onnxscript 0.7's optimizer removes ``Add(x, c)`` where ``c`` is within 1e-8 of 0
+    (``_pattern_ir.Constant``'s default ``abs_tol``) and ``Mul(x, c)`` where ``c`` is within
+    1e-5 of 1: the 1e-8 epsilon of an RMSNorm (``mean(x**2) + 1e-8``, MuSE Spark's
+    post-attention norm) went, and a padded row's zero output then gave ``0 * inf = NaN``.
+    ``lower_to_onnx``'s fusions run the optimizer too and enter this as well. Delete when
+    the rules match only exact identities.
+    """
+    from hfx.patches import swap_attr
+
+    with contextlib.ExitStack() as stack:
+        for constant in _tolerant_no_op_constants():
+            stack.enter_context(swap_attr(constant, "_abs_tol", 0.0))
+            stack.enter_context(swap_attr(constant, "_rel_tol", 0.0))
+        yield
+
+
+def no_op_rules_match_exact_constants(convert: Callable[[], Any], /) -> Any:
+    """Run ``convert`` (torch.onnx's export and its optimizer) under ``exact_no_op_constants``."""
+    with exact_no_op_constants():
+        return convert()
+
+
 # The fixes ``lower_to_onnx`` wraps ``torch.onnx.export`` in; each wraps the ones before it (the first is
 # closest to the export). Read, extend or replace: ``lower_to_onnx(fixes=(*ONNX_FIXES, my_fix))``.
 ONNX_FIXES: tuple[OnnxFix, ...] = (convert_under_no_grad, unused_assert_conditions_dropped,
                                    scalar_first_operands_as_tensors, bfloat16_arithmetic_in_float32,
-                                   torchlib_registry_built_once, type_promotion_reads_recorded_values)
+                                   torchlib_registry_built_once, type_promotion_reads_recorded_values,
+                                   no_op_rules_match_exact_constants)

@@ -11,6 +11,9 @@ one of which held a bound past int64 on Idefics3 and SmolVLM (transformers 5.22)
 
 ``bfloat16_arithmetic_in_float32``: bfloat16 elementwise ops in a float32 model
 (Falcon's ALiBi slopes), which ONNX Runtime's CPU provider cannot load.
+
+``no_op_rules_match_exact_constants``: onnxscript's optimizer took ``x + 1e-8`` for ``x + 0`` and
+dropped an RMSNorm's epsilon (MuSE Spark), so a row of zeros came out ``0 * inf = NaN``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from hfx.backends._onnx_fixes import (  # noqa: E402
     _numbers_made_tensors,
     bfloat16_arithmetic_in_float32,
     convert_under_no_grad,
+    exact_no_op_constants,
+    no_op_rules_match_exact_constants,
     scalar_first_operands_as_tensors,
     torchlib_registry_built_once,
     type_promotion_reads_recorded_values,
@@ -372,3 +377,50 @@ def test_torch_onnx_still_builds_its_registry_for_every_export(monkeypatch):
     for _ in range(2):
         torch.onnx.export(program, dynamo=True, optimize=False, verbose=False)
     assert len(builds) == 2
+
+
+class _TinyEpsilonNorm(torch.nn.Module):
+    """MuSE Spark's post-attention norm: ``x * pow(mean(x**2) + 1e-8, -0.5)`` after a projection, padded rows 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.proj(x) * attention_mask[..., None]
+        return hidden * torch.pow(hidden.pow(2).mean(-1, keepdim=True) + 1e-8, -0.5)
+
+
+def _tiny_epsilon_norm() -> tuple[hfx.Exported, dict[str, torch.Tensor]]:
+    inputs = {"x": torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0)),
+              "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])}
+    return hfx.export(hfx.capture(inputs, _TinyEpsilonNorm())), inputs
+
+
+@pytest.mark.parametrize("fusions", [(), None], ids=["plain", "fused"])
+def test_an_epsilon_of_1e_8_is_kept_and_a_zero_row_stays_zero(fusions):
+    exported, inputs = _tiny_epsilon_norm()
+    program = lower_to_onnx(exported) if fusions is None else lower_to_onnx(exported, fusions=fusions)
+    got = program(**inputs)
+    assert torch.isfinite(got).all() and torch.equal(got[0, :2], torch.zeros(2, 8))
+    torch.testing.assert_close(got, exported(**inputs), rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+
+
+def test_without_the_no_op_fix_onnxscript_still_drops_the_epsilon():
+    """Canary: when this fails, onnxscript's no-op rules match exact constants only and the fix can go."""
+    exported, inputs = _tiny_epsilon_norm()
+    program = lower_to_onnx(exported, fixes=_without(no_op_rules_match_exact_constants), fusions=())
+    assert torch.isnan(program(**inputs)[0, :2]).all()
+
+
+def test_the_no_op_constants_are_exact_inside_and_tolerant_again_after():
+    from onnxscript.rewriter._pattern_ir import Constant
+
+    from hfx.backends._onnx_fixes import _tolerant_no_op_constants
+
+    constants = _tolerant_no_op_constants()
+    assert constants and all(isinstance(c, Constant) for c in constants)
+    before = [(c._abs_tol, c._rel_tol) for c in constants]  # noqa: SLF001
+    with exact_no_op_constants():
+        assert all(c._abs_tol == c._rel_tol == 0.0 for c in constants)  # noqa: SLF001
+    assert [(c._abs_tol, c._rel_tol) for c in constants] == before  # noqa: SLF001
