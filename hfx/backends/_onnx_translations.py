@@ -13,6 +13,12 @@ of its activation sparsity with ``torch.distributions.Normal(0, 1).icdf(...)``
 approximation, ExecuTorch's decomposition of the op) over ONNX ops; within a few
 float32 ulps of torch's (tests/backends/test_onnx_translations.py). Delete when
 torchlib translates it.
+
+``searchsorted``: torchlib has no translation either ("No ONNX function found for
+aten.searchsorted.Tensor"). Grounding DINO and MM Grounding DINO bucket positions with it
+(transformers 5.22-5.24). The translation counts, for each value, the sorted entries below
+it (``right``: not above it) with one broadcast comparison and a sum: the same indices, at
+``values x sorted`` comparisons. A ``sorter`` is refused. Delete when torchlib translates it.
 """
 
 from __future__ import annotations
@@ -38,8 +44,25 @@ def _onnx_ops() -> Any:
                                  less=op.Less, equal=op.Equal, where=op.Where, const=op.CastLike)
 
 
+def searchsorted(sorted_sequence: Any, values: Any, out_int32: bool = False, right: bool = False,
+                 side: str | None = None, sorter: Any = None) -> Any:
+    """ONNX ops computing ``torch.searchsorted(sorted_sequence, values, ...)`` (traced by torch.onnx's exporter)."""
+    from onnx import TensorProto
+    from onnxscript import opset18 as op
+
+    if sorter is not None:
+        msg = "hfx's ONNX translation of searchsorted takes no sorter: sort the sequence before the call"
+        raise NotImplementedError(msg)
+    entries = op.Unsqueeze(sorted_sequence, op.Constant(value_ints=[-2]))  # [..., 1, N]
+    asked = op.Unsqueeze(values, op.Constant(value_ints=[-1]))  # [..., M, 1]
+    before = op.LessOrEqual(entries, asked) if right or side == "right" else op.Less(entries, asked)
+    count = op.ReduceSum(op.Cast(before, to=TensorProto.INT64), op.Constant(value_ints=[-1]), keepdims=0)
+    return op.Cast(count, to=TensorProto.INT32) if out_int32 else count
+
+
 # ATen op -> (torchlib's name for it, hfx's translation)
-_TRANSLATIONS = {torch.ops.aten.erfinv.default: ("aten::erfinv", erfinv)}
+_TRANSLATIONS = {torch.ops.aten.erfinv.default: ("aten::erfinv", erfinv),
+                 torch.ops.aten.searchsorted.Tensor: ("aten::searchsorted.Tensor", searchsorted)}
 
 
 def onnx_translations() -> dict[Any, Any]:
