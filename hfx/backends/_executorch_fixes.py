@@ -293,6 +293,31 @@ def patch_xnnpack_tanh_gelu() -> Iterator[None]:
         yield
 
 
+def _is_spatial_max_kept(node: torch.fx.Node) -> bool:
+    """Whether ``max.dim`` keeps its dim and reduces dim 2 or 3 of its 4-D input: the max XNNPACK serialises."""
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    return bool(keepdim) and isinstance(dim, int) and dim % 4 in (2, 3)
+
+
+@contextlib.contextmanager
+def patch_xnnpack_max_dim() -> Iterator[None]:
+    """Keep a ``max.dim`` XNNPACK cannot serialise out of it (ExecuTorch's portable kernel runs it).
+
+    executorch 1.5.1's ``MaxDimConfig.check_constraints`` (partition/config/node_configs.py)
+    accepts any ``max.dim`` of a 4-D float tensor whose indices go unused, but its serialiser
+    (``operators/op_max_dim.py``) takes only ``keepdim=True`` over dim 2 or 3 and fails
+    otherwise: "amax.default only supports keep_dim == True". Hiera's mask-unit pooling
+    (``max(dim=1)`` over ``[batch, units, tokens, hidden]``) hits it. The check runs after the
+    partitioner's own. Delete when the partitioner checks what the serialiser takes.
+    """
+    from executorch.backends.xnnpack.partition.config.node_configs import MaxDimConfig
+
+    original = vars(MaxDimConfig)["check_constraints"]
+    with swap_attr(MaxDimConfig, "check_constraints", _refusing(original, _is_spatial_max_kept)):
+        yield
+
+
 # --- torch's SDPA decomposition ------------------------------------------------------------------
 
 _FLASH_FOR_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -592,6 +617,7 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_xnnpack_unsqueeze_dynamic_dims,
     patch_xnnpack_conv1d_dynamic_dims,
     patch_xnnpack_tanh_gelu,
+    patch_xnnpack_max_dim,
     patch_sdpa_decomposition_layout,
     patch_exact_upper_bounds,
     patch_dim_order_of_data_dependent_strides,

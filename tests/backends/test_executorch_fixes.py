@@ -31,6 +31,7 @@ from hfx.backends._executorch_fixes import (  # noqa: E402
     patch_exact_upper_bounds,
     patch_sdpa_decomposition_layout,
     patch_xnnpack_conv1d_dynamic_dims,
+    patch_xnnpack_max_dim,
     patch_xnnpack_tanh_gelu,
     stable_dim_order,
 )
@@ -71,6 +72,13 @@ class _StackedRows(torch.nn.Module):
     def forward(self, values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         rows = values[keep.bool()]
         return torch.stack([rows, rows * 2]).sum(1)
+
+
+class _UnitMax(torch.nn.Module):
+    """Hiera's mask-unit pooling: the max over dim 1 of ``[batch, units, tokens, hidden]``, the dim dropped."""
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        return (values * 2).max(dim=1).values
 
 
 class _Chunked(torch.nn.Module):
@@ -364,6 +372,27 @@ def test_the_batch_norm_check_refuses_two_dynamic_dims_only_for_3d_inputs():
     assert not check(_node(("b", 4, "t"), _node(("b", 4, "t"))))
     assert check(_node(("b", 4, 9), _node(("b", 4, 9))))
     assert check(_node(("b", 4, "h", "w"), _node(("b", 4, "h", "w"))))
+
+
+def test_a_max_over_another_dim_lowers_and_matches_eager():
+    module = _UnitMax()
+    program = _lowered_tiny(module, torch.randn(2, 4, 3, 8), {0: "batch"})
+    x = torch.randn(3, 4, 3, 8, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(program(values=x), module(x), rtol=0, atol=0)
+
+
+def test_without_the_max_patch_xnnpack_still_cannot_serialise_it():
+    """Canary: when this fails, XNNPACK takes (or its partitioner refuses) such a max and the patch can go."""
+    exported = _exported_tiny(_UnitMax(), torch.randn(2, 4, 3, 8), {0: "batch"})
+    with pytest.raises(hfx.LoweringError, match="amax.default only supports"):
+        lower_to_pte(exported, patches=_without(patch_xnnpack_max_dim))
+
+
+def test_the_max_check_accepts_a_kept_max_over_dim_2_or_3_only():
+    check = fixes._is_spatial_max_kept
+    x = _node((2, 4, 3, 8))
+    assert check(_node((2, 4, 1, 8), x, 2, True)) and check(_node((2, 4, 3, 1), x, -1, True))
+    assert not check(_node((2, 3, 8), x, 1)) and not check(_node((2, 4, 8), x, 2, False))
 
 
 def test_the_gelu_check_accepts_the_erf_gelu_only():

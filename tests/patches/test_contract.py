@@ -121,15 +121,18 @@ def _sliding_window_slots() -> list[Slot]:
     return [(cache_utils.DynamicSlidingWindowLayer, name) for name in ("update", "get_mask_sizes", "get_seq_length")]
 
 
-def _xnnpack_slots() -> dict[Callable[..., Any], Slot]:
+def _xnnpack_slots() -> dict[Callable[..., Any], list[Slot]]:
     configs = "executorch.backends.xnnpack.partition.config"
     return {
         _pte_fixes.patch_xnnpack_unsqueeze_dynamic_dims:
-            (_owner(f"{configs}.generic_node_configs", "UnsqueezeCopyConfig"), "check_constraints"),
+            [(_owner(f"{configs}.generic_node_configs", "UnsqueezeCopyConfig"), "check_constraints")],
         _pte_fixes.patch_xnnpack_conv1d_dynamic_dims:
-            (_owner(f"{configs}.gemm_configs", "ConvolutionConfig"), "check_constraints"),
+            [(_owner(f"{configs}.gemm_configs", "ConvolutionConfig"), "check_constraints"),
+             (_owner(f"{configs}.node_configs", "BatchNormConfig"), "check_constraints")],
         _pte_fixes.patch_xnnpack_tanh_gelu:
-            (_owner(f"{configs}.generic_node_configs", "GeluConfig"), "check_constraints"),
+            [(_owner(f"{configs}.generic_node_configs", "GeluConfig"), "check_constraints")],
+        _pte_fixes.patch_xnnpack_max_dim:
+            [(_owner(f"{configs}.node_configs", "MaxDimConfig"), "check_constraints")],
     }
 
 
@@ -270,9 +273,9 @@ ROWS = (
         slots=lambda: [(_owner("executorch.exir.verification.arg_validator", "EdgeOpArgValidator"), "call_function")]),
     Row(patch=_pte_fixes.patch_edge_decomposition_table, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.program._program"), "_default_decomposition_table")]),
-    *(Row(patch=patch, needs="executorch", slots=lambda patch=patch: [_xnnpack_slots()[patch]])
-      for patch in (_pte_fixes.patch_xnnpack_unsqueeze_dynamic_dims,
-                    _pte_fixes.patch_xnnpack_conv1d_dynamic_dims, _pte_fixes.patch_xnnpack_tanh_gelu)),
+    *(Row(patch=patch, needs="executorch", slots=lambda patch=patch: _xnnpack_slots()[patch])
+      for patch in (_pte_fixes.patch_xnnpack_unsqueeze_dynamic_dims, _pte_fixes.patch_xnnpack_conv1d_dynamic_dims,
+                    _pte_fixes.patch_xnnpack_tanh_gelu, _pte_fixes.patch_xnnpack_max_dim)),
     Row(patch=_pte_fixes.patch_export_pass_skips_unchanged_retraces, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.pass_base", "ExportPass"), "call")]),
     Row(patch=_pte_fixes.patch_decompositions_in_one_retrace, needs="executorch",
