@@ -186,6 +186,52 @@ def min_max_by_floordiv(graph: Any, /) -> None:
         graph.erase_node(node)
 
 
+def _whole_factor_of_a_float_size(value: Any) -> tuple[Any, int] | None:
+    """``(size, k)`` where ``value`` is ``torch.sym_float(size)`` times a whole float ``k`` (or alone, ``k = 1``)."""
+    import torch
+
+    if not hasattr(value, "op") or value.op != "call_function":
+        return None
+    if value.target is torch.sym_float and _is_size(value.args[0]):
+        return value.args[0], 1
+    if value.target is operator.mul and len(value.args) == 2:
+        for factor, other in (value.args, reversed(value.args)):
+            inner = _whole_factor_of_a_float_size(other)
+            if isinstance(factor, float) and factor.is_integer() and inner is not None:
+                return inner[0], inner[1] * int(factor)
+    return None
+
+
+def whole_ceilings_as_products(graph: Any, /) -> None:
+    """Rewrite ``math.ceil(k * sym_float(n))`` with a whole float ``k`` as the size product ``n * k``.
+
+    NLLB-MoE's router sizes its experts' capacity as ``math.ceil(fraction * tokens)``
+    (``moe_eval_capacity_token_fraction``, 1.0 by default): the exported graph keeps
+    ``torch.sym_float`` and ``math.ceil`` on sizes, for which OpenVINO 2026.4's PyTorch
+    frontend has no conversion rule ("No conversion rule found for operations: <built-in
+    function ceil>, <function sym_float ...>"). With a whole ``k`` the product of floats is
+    exact (below 2**53) and its ceiling is ``n * k``; other fractions are left as they are.
+    Delete when the frontend converts ``sym_float`` and ``ceil``.
+    """
+    import math
+
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is math.ceil]:
+        found = _whole_factor_of_a_float_size(node.args[0])
+        if found is None:
+            continue
+        size, factor = found
+        with graph.inserting_before(node):
+            product = size if factor == 1 else _sym_node(graph, operator.mul, size, factor)
+        node.replace_all_uses_with(product)
+        unused = [node.args[0]]
+        graph.erase_node(node)
+        while unused:  # the float arithmetic only the ceiling read
+            value = unused.pop()
+            if hasattr(value, "op") and not value.users and value.op == "call_function":
+                unused.extend(value.all_input_nodes)
+                graph.erase_node(value)
+
+
 # More than any difference of two sizes the graph compares (min_max_by_floordiv), and exact in OpenVINO's
 # floordiv: with 2**30 its converted graph kept the larger size (measured, OpenVINO 2026.4.1), with 2**24 it is
 # exact for every difference below 2**24, whether the division runs on integers or float32.
@@ -253,6 +299,7 @@ OV_GRAPH_FIXES: tuple[OvGraphFix, ...] = (
     mod_by_floordiv,
     power_by_products,
     min_max_by_floordiv,
+    whole_ceilings_as_products,
     index_add_with_alpha,
     separate_outputs,
 )

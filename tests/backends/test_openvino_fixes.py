@@ -6,6 +6,7 @@ without that fix (``lower_to_ov(graph_fixes=...)``) and expect OpenVINO's own fa
 
 from __future__ import annotations
 
+import math
 import operator
 
 import pytest
@@ -21,6 +22,7 @@ from hfx.backends._openvino_fixes import (  # noqa: E402
     drop_empty_cat_operands,
     index_add_with_alpha,
     min_max_by_floordiv,
+    whole_ceilings_as_products,
     mod_by_floordiv,
     power_by_products,
     negate_by_multiplying,
@@ -122,6 +124,44 @@ def test_without_min_max_by_floordiv_a_clamped_size_still_fails(clamped):
     """Canary, and the option honoured: when this fails, OpenVINO converts ``sym_min``/``sym_max`` and the fix can go."""
     with pytest.raises(hfx.LoweringError, match="No conversion rule found for operations: <function sym_m"):
         lower_to_ov(clamped, graph_fixes=_without(min_max_by_floordiv))
+
+
+class _Capacity(torch.nn.Module):
+    """NLLB-MoE's expert capacity: ``math.ceil(fraction * tokens)`` on sizes, then a comparison with it."""
+
+    def __init__(self, fraction: float) -> None:
+        super().__init__()
+        self.fraction = fraction
+
+    def forward(self, x):
+        capacity = math.ceil(self.fraction * (x.shape[0] * x.shape[1]))
+        return torch.lt(x.cumsum(1), capacity).to(x.dtype)
+
+
+def _capacity(fraction: float) -> hfx.Exported:
+    shapes = hfx.DynamicShapes(axes={"x": {0: "batch", 1: "width"}}, bounds={"batch": (1, 8), "width": (2, 64)})
+    return hfx.export(hfx.capture({"x": torch.ones(2, 5)}, _Capacity(fraction), dynamic_shapes=shapes))
+
+
+def test_the_ceiling_of_a_whole_multiple_of_a_size_converts():
+    exported = _capacity(2.0)
+    assert {math.ceil, torch.sym_float} <= {node.target for node in exported.program.graph.nodes}
+    program = lower_to_ov(exported)
+    for batch, width in ((1, 3), (3, 7), (4, 11)):
+        x = torch.ones(batch, width) * 3
+        assert torch.equal(program(x=x), _Capacity(2.0)(x))
+
+
+def test_without_whole_ceilings_as_products_the_ceiling_still_fails():
+    """Canary: when this fails, OpenVINO converts ``ceil`` and ``sym_float`` on sizes and the fix can go."""
+    with pytest.raises(hfx.LoweringError, match="No conversion rule found for operations: <built-in function ceil>"):
+        lower_to_ov(_capacity(2.0), graph_fixes=_without(whole_ceilings_as_products))
+
+
+def test_a_fractional_ceiling_is_left_as_it_is():
+    graph = _capacity(0.25).program.graph
+    whole_ceilings_as_products(graph)
+    assert math.ceil in {node.target for node in graph.nodes}
 
 
 class _ScatterBack(torch.nn.Module):
