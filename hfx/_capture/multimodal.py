@@ -29,10 +29,20 @@ _TOKEN_ATTRIBUTES = {
 }
 
 
+def _modalities(module: torch.nn.Module) -> tuple[str, ...]:
+    """``module.input_modalities`` as a tuple (transformers gives a string for one modality)."""
+    declared = getattr(module, "input_modalities", ()) or ()
+    return (declared,) if isinstance(declared, str) else tuple(declared)
+
+
 def feature_methods(model: torch.nn.Module) -> dict[str, str]:
-    """``{modality: method name}`` for the ``get_<modality>_features`` that generate runs before forward."""
-    modalities = getattr(model, "input_modalities", ()) or ()
+    """``{modality: method name}`` for the ``get_<modality>_features`` that generate runs before forward.
+
+    A head declares its own modalities or its base model's: Qwen3.5's sequence classifier says ``"text"``
+    and passes images on to its base model, which declares images and videos.
+    """
     base = getattr(model, "base_model", model)
+    modalities = {*_modalities(model), *_modalities(base)}
     return {m: f"get_{m}_features" for m in _MODALITIES if m in modalities and hasattr(base, f"get_{m}_features")}
 
 
