@@ -136,6 +136,22 @@ def eager_tokens(model: torch.nn.Module, inputs: dict[str, torch.Tensor], new_to
         return model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
 
 
+def decomposed(name: str) -> tuple[torch.nn.Module, Any]:
+    """A zoo model and its ``decompose`` from a 2 x 7 capture."""
+    import hfx
+
+    model = zoo.build(name)
+    return model, hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model))
+
+
+def assert_eager_tokens(model: torch.nn.Module, programs: Any, name: str) -> None:
+    """``hfx.generate`` over ``programs`` gives eager ``generate``'s 6 tokens on a 3 x 9 prompt."""
+    import hfx
+
+    inputs = zoo.inputs(name, batch=3, sequence=9)
+    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
+
+
 def packed_image_inputs(config, batch: int, text: int, grid: tuple[int, int, int]) -> dict[str, torch.Tensor]:
     """Qwen2-VL-style inputs with images of ``grid`` (t, h, w patches), row 0 left-padded by 2 when batch > 1."""
     generator = torch.Generator().manual_seed(batch * 100 + text + sum(grid))

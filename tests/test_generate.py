@@ -15,6 +15,8 @@ from tests.helpers import (
     CACHE_ARGUMENT,
     GENERATIVE_MODELS,
     NEW_TOKENS,
+    assert_eager_tokens,
+    decomposed,
     eager_tokens,
     packed_image_inputs,
 )
@@ -23,18 +25,6 @@ from tests.tolerances import FP32_PARITY
 
 def _distinct_tokens(ids: torch.Tensor) -> int:
     return int(ids.unique().numel())
-
-
-def _decomposed(name: str) -> tuple[torch.nn.Module, hfx.Components]:
-    """A zoo model and its ``decompose`` from a 2 x 7 capture."""
-    model = zoo.build(name)
-    return model, hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model))
-
-
-def _assert_eager_tokens(model: torch.nn.Module, programs: hfx.Components, name: str) -> None:
-    """``hfx.generate`` over ``programs`` gives eager ``generate``'s 6 tokens on a 3 x 9 prompt."""
-    inputs = zoo.inputs(name, batch=3, sequence=9)
-    assert torch.equal(hfx.generate(inputs, programs, max_new_tokens=6), eager_tokens(model, inputs, 6))
 
 
 @pytest.mark.parametrize("name", GENERATIVE_MODELS)
@@ -124,24 +114,24 @@ def test_multi_token_decode_alone_prefills_and_decodes(models):
 def test_a_model_without_a_cache_decodes_by_rerunning_the_whole_sequence():
     # GPT-1 keeps no KV cache: generate() reruns the growing sequence (handing it an empty cache it never fills)
     name = "causal-lm:openai-gpt"
-    model, parts = _decomposed(name)
+    model, parts = decomposed(name)
     assert list(parts) == ["decode"] and parts.meta.roles.cache_input is None
     programs = hfx.export(parts)
     assert not any(spec.name.startswith("past_key_values") for spec in programs["decode"].io.inputs)
-    _assert_eager_tokens(model, programs, name)
+    assert_eager_tokens(model, programs, name)
 
 
 def test_a_language_model_with_prompt_only_inputs_is_not_merged_and_generate_builds_them():
     # Qwen3-VL adds deepstack features to the prompt's hidden states only; a language model graph traced on a
     # step has no input for them and gave other tokens than eager. generate builds them from the tower's output.
     name = "image-text-to-text:qwen3_vl"
-    model, parts = _decomposed(name)
+    model, parts = decomposed(name)
     assert parts["language_model"].kwargs["deepstack_visual_embeds"] is not None  # traced on the prompt
     programs = hfx.export(parts)
     shapes = {spec.name: spec.shape for spec in programs["language_model"].io.inputs}
     assert shapes["visual_pos_masks"] == ("batch", "sequence")
     assert shapes["deepstack_visual_embeds.0"][0] == "visual_tokens"
-    _assert_eager_tokens(model, programs, name)
+    assert_eager_tokens(model, programs, name)
 
 
 @pytest.mark.xfail(Version(transformers.__version__) >= Version("5.24"), strict=True,
@@ -167,11 +157,11 @@ def test_a_model_handed_the_whole_sequence_with_its_cache_gets_it_every_step():
     # CPM-Ant's generate keeps the full input_ids with the cache (its forward slices the cached prefix, which also
     # holds a learned prompt of 32 tokens): a prefill, and a decode whose tokens axis is the past's minus 31
     name = "causal-lm:cpmant"
-    model, parts = _decomposed(name)
+    model, parts = decomposed(name)
     assert list(parts) == ["prefill", "decode"] and parts.meta.roles.whole_sequence_steps
     programs = hfx.export(parts)
     assert programs["decode"].io.inputs[0].shape == ("batch", "tokens")
-    _assert_eager_tokens(model, programs, name)
+    assert_eager_tokens(model, programs, name)
     assert not hfx.decompose(hfx.capture(zoo.inputs("llama"), zoo.build("llama"))).meta.roles.whole_sequence_steps
 
 
@@ -179,19 +169,19 @@ def test_a_projector_that_takes_more_than_the_features_stays_in_the_feature_enco
     # Idefics2's connector also takes the patches' attention mask that get_image_features computes: split off,
     # generate could hand it the features only
     name = "image-text-to-text:idefics2"
-    model, parts = _decomposed(name)
+    model, parts = decomposed(name)
     assert "projector" not in parts and not parts.meta.roles.projectors
     programs = hfx.export(parts)
-    _assert_eager_tokens(model, programs, name)
+    assert_eager_tokens(model, programs, name)
 
 
 def test_a_tower_whose_output_the_feature_method_changes_is_not_the_image_encoder():
     # DeepSeek-VL's get_image_features runs an aligner over its tower's output (and sets pooler_output on it)
     name = "image-text-to-text:deepseek_vl"
-    model, parts = _decomposed(name)
+    model, parts = decomposed(name)
     assert parts["image_encoder"].module.method == "get_image_features"
     programs = hfx.export(parts)
-    _assert_eager_tokens(model, programs, name)
+    assert_eager_tokens(model, programs, name)
 
 
 @pytest.mark.parametrize("name", ["image-text-to-text:blip-2", "image-text-to-text:instructblip"])
@@ -200,7 +190,7 @@ def test_a_model_whose_generate_runs_its_language_models_is_split_around_that_on
     # their own forward never runs. The steps are the language model's, the image encoder their get_image_features.
     from hfx._generate import _split_prefill, run_feature_encoders
 
-    model, parts = _decomposed(name)
+    model, parts = decomposed(name)
     assert parts["decode"].module is model.language_model
     assert parts["image_encoder"].module.method == "get_image_features"
     programs = hfx.export(parts)
@@ -220,7 +210,7 @@ def test_an_encoder_input_the_first_decoder_step_also_takes_is_handed_to_it():
     name = "seq2seq-lm:t5gemma2"
     model = zoo.build(name)
     programs = hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model)))
-    _assert_eager_tokens(model, programs, name)
+    assert_eager_tokens(model, programs, name)
 
 
 def test_a_prompt_under_generates_generic_inputs_name_reaches_the_encoder():

@@ -83,6 +83,20 @@ def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[s
     return merged
 
 
+def _takes_two_new_tokens(model: torch.nn.Module, merged: dict[str, Any]) -> bool:
+    """Whether ``model`` runs ``merged``, a step of two new tokens over a cache, eagerly (its state left as it was)."""
+    import copy
+
+    from hfx.patches import preserve_module_state
+
+    try:
+        with torch.no_grad(), preserve_module_state(model):
+            model(**copy.deepcopy(merged))
+    except Exception:  # noqa: BLE001 - the model refuses the step, for whatever reason: one graph cannot take it
+        return False
+    return True
+
+
 def _decode_shapes(capture: Capture, *, multi_token: bool, whole_sequence: bool = False) -> DynamicShapes:
     """The decode graph's shapes: a single-token step keeps its query axis static; one handed the whole
     sequence (``_takes_the_whole_sequence``) keeps it dynamic."""
@@ -221,7 +235,8 @@ def decompose(
             ``None`` (default): for a text decoder, an encoder-decoder or a split
             multimodal prefill's language model with a full-attention cache and no
             static cache (an encoder-decoder's encoder must reproduce the
-            cross-attention cache); ``False`` keeps a separate ``prefill`` (the
+            cross-attention cache), whose forward runs a step of two new tokens
+            over a cache (ProphetNet's asserts one); ``False`` keeps a separate ``prefill`` (the
             language model prefills, ``decode`` steps).
         generation_config: passed to ``generate`` (e.g. a static cache).
         internal_cache_length: keep the KV cache inside the decode graph, in
@@ -278,6 +293,9 @@ def decompose(
         # (a model handed the whole sequence slices off its cache itself: CPM-Ant branches on the cache's length)
         merge = merge and full_attention_cache(calls) and not _takes_the_whole_sequence(calls)
     decode = _pick_decode(calls, multi_token=merge)
+    if merge and multi_token_decode is None and decode is not None and not _takes_two_new_tokens(stepping, decode):
+        merge = False  # ProphetNet asserts a step of one token over a cache: it keeps a prefill
+        decode = _pick_decode(calls, multi_token=False)
     if decode is None and not multimodal and _cache_free(calls):
         return _cache_free_components(model, calls, inputs.get("input_ids"), recorded, generation_config)
     if not calls or decode is None:

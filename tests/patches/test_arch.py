@@ -29,6 +29,7 @@ from hfx.patches import (
     patch_padding_mask_kept,
     patch_position_interpolation,
     patch_real_fourier_mixing,
+    patch_symbolic_step_positions,
     patch_tensor_len,
 )
 from hfx.patches._arch import (
@@ -87,7 +88,7 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
                                          patch_dense_global_attention, patch_padded_image_batch,
                                          patch_integer_pixel_shuffle, patch_deepstack_gather,
                                          patch_functional_token_shift, patch_eos_pooling_gather,
-                                         patch_covering_average_pool]
+                                         patch_covering_average_pool, patch_symbolic_step_positions]
     assert all(p.args == (dinov2,) for p in patches)
 
 
