@@ -24,13 +24,15 @@ def _symbolic_step_positions(original: Callable[..., Any]) -> Callable[..., Any]
     """``original`` (a learned positional embedding's forward) with a cached step's position kept symbolic."""
 
     @functools.wraps(original)
-    def forward(self: torch.nn.Module, inputs_shape: Any, device: Any, attention_mask: Any = None,
-                past_key_values: Any = None, position_ids: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if position_ids is None and past_key_values is not None and past_key_values.get_seq_length() != 0:
-            position = self.padding_idx + inputs_shape[1] + past_key_values.get_seq_length()
+    def forward(self: torch.nn.Module, inputs_shape: Any, device: Any, attention_mask: Any = None, cache: Any = None,
+                position_ids: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        # the cache is the fourth argument: ``past_key_values`` up to transformers 5.23, ``cache`` from 5.24
+        cache = kwargs.pop("past_key_values", cache)
+        if position_ids is None and cache is not None and cache.get_seq_length() != 0:
+            position = self.padding_idx + inputs_shape[1] + cache.get_seq_length()
             position_ids = torch.ones((1, 1), dtype=torch.long, device=device) * position
             return self._forward(position_ids), position_ids
-        return original(self, inputs_shape, device, attention_mask, past_key_values, position_ids)
+        return original(self, inputs_shape, device, attention_mask, cache, position_ids, **kwargs)
 
     return forward
 

@@ -24,9 +24,9 @@ def test_a_steps_position_is_the_originals():
     cache = DynamicCache()
     cache.update(torch.zeros(2, 1, 5, 4), torch.zeros(2, 1, 5, 4), 0)
     with torch.no_grad():
-        want = positions((2, 1), "cpu", past_key_values=cache)
+        want = positions((2, 1), "cpu", None, cache)
         with patch_symbolic_step_positions(model):
-            got = positions((2, 1), "cpu", past_key_values=cache)
+            got = positions((2, 1), "cpu", None, cache)
             prompt = positions((2, 3), "cpu")  # no cache: the original's branch
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)) and int(got[1]) == positions.padding_idx + 6
     assert torch.equal(prompt[1], positions((2, 3), "cpu")[1])
