@@ -1,5 +1,5 @@
 """hfx's ONNX translations of ATen ops torchlib lacks: ``erfinv`` (Gemma 3n's activation sparsity threshold) and
-``searchsorted`` (Grounding DINO)."""
+``searchsorted`` and ``cummax`` (Grounding DINO)."""
 
 from __future__ import annotations
 
@@ -43,3 +43,25 @@ def test_searchsorted_gives_torchs_indices_ties_and_ends_included_at_a_new_batch
 def test_the_translation_is_given_while_torchlib_lacks_searchsorted():
     """Canary: when this fails, torchlib translates searchsorted and hfx's translation steps aside."""
     assert torch.ops.aten.searchsorted.Tensor in onnx_translations()
+
+
+class _RunningMax(torch.nn.Module):
+    """``cummax`` as Grounding DINO takes it (integer positions along the text), and over floats."""
+
+    def forward(self, positions: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (*torch.cummax(positions, dim=1), *torch.cummax(values, dim=-1))
+
+
+def test_cummax_gives_torchs_values_and_indices_ties_included_at_a_new_batch():
+    positions = torch.tensor([[1, 3, 3, 2, 5, 5], [0, 0, 2, 1, 1, 7]])
+    program = hfx.lower_to_onnx(hfx.export(hfx.capture({"positions": positions, "values": torch.randn(2, 3, 5)},
+                                                       _RunningMax())))
+    positions = torch.tensor([[4, 4, 4, 1, 9, 0], [2, 1, 2, 2, 0, 3], [0, 0, 0, 0, 0, 0]])  # ties: the last index
+    values = torch.randn(3, 3, 5, generator=torch.Generator().manual_seed(0))
+    for got, want in zip(program(positions=positions, values=values), _RunningMax()(positions, values), strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_the_translation_is_given_while_torchlib_lacks_cummax():
+    """Canary: when this fails, torchlib translates cummax and hfx's translation steps aside."""
+    assert torch.ops.aten.cummax.default in onnx_translations()
