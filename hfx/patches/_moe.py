@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from hfx.patches._core import Patch, source_contains, swap_attr, swap_attr_on_each
+from hfx.patches._parallel_experts import patch_dense_parallel_experts
 
 
 def _experts_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -195,7 +196,8 @@ def moe_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
 
     Example:
         >>> [p.func.__name__ for p in moe_patches(torch.nn.Linear(1, 1))]
-        ['patch_dense_experts', 'patch_dense_expert_modules', 'patch_dense_identity_experts']
+        ['patch_dense_experts', 'patch_dense_expert_modules', 'patch_dense_identity_experts', 'patch_dense_parallel_experts']
     """
     return tuple(functools.partial(patch, model)
-                 for patch in (patch_dense_experts, patch_dense_expert_modules, patch_dense_identity_experts))
+                 for patch in (patch_dense_experts, patch_dense_expert_modules, patch_dense_identity_experts,
+                               patch_dense_parallel_experts))

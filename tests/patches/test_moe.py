@@ -14,9 +14,10 @@ from hfx.patches import (
     patch_dense_expert_modules,
     patch_dense_experts,
     patch_dense_identity_experts,
+    patch_dense_parallel_experts,
 )
 from hfx.patches._moe import dense_expert_modules_forward, dense_indexed_expert_modules_forward
-from tests.helpers import assert_leaves_forwards
+from tests.helpers import assert_leaves_forwards, forward_report_at_a_new_shape
 from tests.tolerances import FP32_ONE_BLOCK
 
 
@@ -182,4 +183,33 @@ def test_longcat_exports_and_matches_eager_on_a_new_shape():
     model = zoo.build(LONGCAT)
     exported = hfx.export(hfx.capture(zoo.forward_inputs(LONGCAT, batch=2, sequence=7))(model))
     report = hfx.verify(model, zoo.forward_inputs(LONGCAT, batch=3, sequence=11), exported)
+    assert report.passed, report
+
+
+# patch_dense_parallel_experts
+
+JETMOE = "causal-lm:jetmoe"
+
+
+def test_dense_parallel_experts_equal_jetmoes_sorted_splits_and_are_restored():
+    from transformers.models.jetmoe import modeling_jetmoe as jetmoe
+
+    from hfx.patches._parallel_experts import dense_attention_experts_map, dense_parallel_moe_forward
+
+    model = zoo.build(JETMOE)
+    inputs = zoo.forward_inputs(JETMOE, batch=3, sequence=11)
+    originals = (jetmoe.JetMoeMoE.forward, jetmoe.JetMoeMoA.map, jetmoe.JetMoeMoA.reduce)
+    with torch.no_grad():
+        want = model(**inputs).logits
+        with patch_dense_parallel_experts(model):
+            assert jetmoe.JetMoeMoE.forward is dense_parallel_moe_forward
+            assert jetmoe.JetMoeMoA.map is dense_attention_experts_map
+            got = model(**inputs).logits
+    assert (jetmoe.JetMoeMoE.forward, jetmoe.JetMoeMoA.map, jetmoe.JetMoeMoA.reduce) == originals
+    torch.testing.assert_close(got, want, rtol=FP32_ONE_BLOCK, atol=FP32_ONE_BLOCK)
+    assert_leaves_forwards(patch_dense_parallel_experts, zoo.build("mixtral"))
+
+
+def test_jetmoe_lowers_to_executorch_and_matches_eager_on_a_new_shape():
+    report = forward_report_at_a_new_shape(JETMOE, hfx.lower_to_pte)
     assert report.passed, report
