@@ -47,11 +47,8 @@ def _recording(module: torch.nn.Module, calls: list[Any], running: list[str] | N
         copied = copy.deepcopy(bound)
         calls.append(copied if running is None else (running[-1] if running else None, copied))
 
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
+    with module.register_forward_pre_hook(hook, with_kwargs=True):  # a handle removes its hook on exit
         yield
-    finally:
-        handle.remove()
 
 
 @contextlib.contextmanager
@@ -63,11 +60,8 @@ def _first_output(module: torch.nn.Module, outputs: list[Any]) -> Iterator[None]
         if not outputs:
             outputs.append(copy.copy(output))
 
-    handle = module.register_forward_hook(hook)
-    try:
+    with module.register_forward_hook(hook):
         yield
-    finally:
-        handle.remove()
 
 
 
