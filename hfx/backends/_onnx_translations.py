@@ -20,15 +20,17 @@ aten.searchsorted.Tensor"). Grounding DINO and MM Grounding DINO bucket position
 it (``right``: not above it) with one broadcast comparison and a sum: the same indices, at
 ``values x sorted`` comparisons. A ``sorter`` is refused. Delete when torchlib translates it.
 
-``cummax``: no translation either; Grounding DINO takes the running maximum of its special
-tokens' positions along the text. Each position's maximum is the maximum over a ``length x length``
+``cummax`` and ``cummin``: no translation either; Grounding DINO takes the running maximum and
+(over the flipped text) minimum of its special tokens' positions. Each position's maximum is the maximum over a ``length x length``
 prefix mask (the first element fills the rest, so no dtype's lowest value is needed), its index
 the last position of the prefix that holds it, as torch returns ties. Along the last dim only.
+The minimum is the same with ``ReduceMin``.
 """
 
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,13 +67,13 @@ def searchsorted(sorted_sequence: Any, values: Any, out_int32: bool = False, rig
     return op.Cast(count, to=TensorProto.INT32) if out_int32 else count
 
 
-def cummax(x: Any, dim: int) -> tuple[Any, Any]:
-    """ONNX ops computing ``torch.cummax(x, dim)`` along the last dim: ``(values, indices)``."""
+def _running_extreme(x: Any, dim: int, name: str, reduce: Callable[..., Any]) -> tuple[Any, Any]:
+    """ONNX ops computing ``torch.<name>(x, dim)`` (cummax, cummin) along the last dim: ``(values, indices)``."""
     from onnxscript import opset18 as op
 
     rank = len(x.shape) if x.shape is not None else None
     if rank is None or dim not in (-1, rank - 1):
-        msg = f"hfx's ONNX translation of cummax takes the last dim of a tensor of known rank, got dim {dim} of rank {rank}"
+        msg = f"hfx's ONNX translation of {name} takes the last dim of a tensor of known rank, got dim {dim} of rank {rank}"
         raise NotImplementedError(msg)
     length = op.Shape(x, start=-1)
     positions = op.Range(op.Constant(value_int=0), op.Squeeze(length), op.Constant(value_int=1))  # [L]
@@ -80,17 +82,32 @@ def cummax(x: Any, dim: int) -> tuple[Any, Any]:
     first = op.Gather(x, op.Constant(value_int=0), axis=-1)  # in every prefix, so a neutral filler
     rows = op.Unsqueeze(x, op.Constant(value_ints=[-2]))  # [..., 1, j]
     filled = op.Where(prefix, rows, op.Unsqueeze(first, op.Constant(value_ints=[-1, -2])))
-    values = op.ReduceMax(filled, op.Constant(value_ints=[-1]), keepdims=0)
+    values = reduce(filled, op.Constant(value_ints=[-1]), keepdims=0)
     holds = op.And(prefix, op.Equal(rows, op.Unsqueeze(values, op.Constant(value_ints=[-1]))))
     indices = op.ReduceMax(op.Where(holds, positions, op.Constant(value_int=-1)), op.Constant(value_ints=[-1]),
                            keepdims=0)
     return values, indices
 
 
+def cummax(x: Any, dim: int) -> tuple[Any, Any]:
+    """ONNX ops computing ``torch.cummax(x, dim)`` along the last dim: ``(values, indices)``."""
+    from onnxscript import opset18 as op
+
+    return _running_extreme(x, dim, "cummax", op.ReduceMax)
+
+
+def cummin(x: Any, dim: int) -> tuple[Any, Any]:
+    """ONNX ops computing ``torch.cummin(x, dim)`` along the last dim: ``(values, indices)``."""
+    from onnxscript import opset18 as op
+
+    return _running_extreme(x, dim, "cummin", op.ReduceMin)
+
+
 # ATen op -> (torchlib's name for it, hfx's translation)
 _TRANSLATIONS = {torch.ops.aten.erfinv.default: ("aten::erfinv", erfinv),
                  torch.ops.aten.searchsorted.Tensor: ("aten::searchsorted.Tensor", searchsorted),
-                 torch.ops.aten.cummax.default: ("aten::cummax", cummax)}
+                 torch.ops.aten.cummax.default: ("aten::cummax", cummax),
+                 torch.ops.aten.cummin.default: ("aten::cummin", cummin)}
 
 
 def onnx_translations() -> dict[Any, Any]:

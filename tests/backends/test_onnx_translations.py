@@ -46,13 +46,14 @@ def test_the_translation_is_given_while_torchlib_lacks_searchsorted():
 
 
 class _RunningMax(torch.nn.Module):
-    """``cummax`` as Grounding DINO takes it (integer positions along the text), and over floats."""
+    """``cummax`` and ``cummin`` as Grounding DINO takes them (integer positions along the text), and over floats."""
 
     def forward(self, positions: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (*torch.cummax(positions, dim=1), *torch.cummax(values, dim=-1))
+        return (*torch.cummax(positions, dim=1), *torch.cummax(values, dim=-1), *torch.cummin(positions, dim=1),
+                *torch.cummin(values, dim=-1))
 
 
-def test_cummax_gives_torchs_values_and_indices_ties_included_at_a_new_batch():
+def test_cummax_and_cummin_give_torchs_values_and_indices_ties_included_at_a_new_batch():
     positions = torch.tensor([[1, 3, 3, 2, 5, 5], [0, 0, 2, 1, 1, 7]])
     program = hfx.lower_to_onnx(hfx.export(hfx.capture({"positions": positions, "values": torch.randn(2, 3, 5)},
                                                        _RunningMax())))
@@ -62,6 +63,6 @@ def test_cummax_gives_torchs_values_and_indices_ties_included_at_a_new_batch():
         assert got.dtype == want.dtype and torch.equal(got, want)
 
 
-def test_the_translation_is_given_while_torchlib_lacks_cummax():
-    """Canary: when this fails, torchlib translates cummax and hfx's translation steps aside."""
-    assert torch.ops.aten.cummax.default in onnx_translations()
+def test_the_translations_are_given_while_torchlib_lacks_cummax_and_cummin():
+    """Canary: when this fails, torchlib translates one of them and hfx's translation steps aside."""
+    assert {torch.ops.aten.cummax.default, torch.ops.aten.cummin.default} <= set(onnx_translations())
