@@ -114,6 +114,13 @@ def with_patches(*patches: Patch) -> Iterator[None]:
         yield
 
 
+def size_at_trace(size: int | Any) -> int:
+    """The value a size (an int or a ``torch.SymInt``) has in the traced inputs, read without a guard."""
+    import torch
+
+    return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
+
+
 def source_contains(function: Any, text: str) -> bool:
     """Whether ``function``'s source holds ``text`` (False where the source cannot be read): how a patch finds its model pattern."""
     try:

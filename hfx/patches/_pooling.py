@@ -14,12 +14,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from hfx.patches._core import swap_attr
-
-
-def _size_at_trace(size: int | torch.SymInt) -> int:
-    """The size ``size`` has in the traced inputs (no guard)."""
-    return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
+from hfx.patches._core import size_at_trace, swap_attr
 
 
 def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
@@ -48,7 +43,7 @@ def covering_average_pool(pool: torch.nn.AvgPool2d) -> Callable[[torch.Tensor], 
 
     def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.AvgPool2d's own argument name
         rows, columns = input.shape[-2:]
-        if _size_at_trace(rows) > height or _size_at_trace(columns) > width:
+        if size_at_trace(rows) > height or size_at_trace(columns) > width:
             return original(pool, input)
         torch._check(rows <= height)  # the program then takes the maps one window covers
         torch._check(columns <= width)
