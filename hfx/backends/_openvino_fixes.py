@@ -259,6 +259,56 @@ def _sym_node(graph: Any, function: Callable[[Any, Any], Any], left: Any, right:
     return node
 
 
+def _broadcast_row_fill(node: Any) -> tuple[Any, Any, Any, int] | None:
+    """``(data, mask, value, rank)`` when ``node`` writes one broadcast value at a boolean mask's rows, else None."""
+    import torch
+
+    data, indices, value, *rest = node.args
+    accumulate = rest[0] if rest else node.kwargs.get("accumulate", False)
+    if accumulate or len(indices) != 1 or not hasattr(indices[0], "meta") or not hasattr(value, "meta"):
+        return None
+    mask, shapes = indices[0], [getattr(v.meta.get("val"), "shape", None) for v in (data, indices[0], value)]
+    if any(shape is None for shape in shapes) or mask.meta["val"].dtype != torch.bool:
+        return None
+    data_shape, mask_shape, value_shape = shapes
+    rank = len(mask_shape)
+    if not 0 < rank < len(data_shape) or len(value_shape) > len(data_shape) - rank:
+        return None
+    tail = list(data_shape[rank:])
+    # the value broadcasts to every written row: its dims are the rows' trailing dims, or 1
+    if any(size != 1 and size != want for size, want in zip(reversed(value_shape), reversed(tail))):
+        return None
+    return data, mask, value, len(data_shape) - rank
+
+
+def masked_row_fills_as_where(graph: Any, /) -> None:
+    """Rewrite ``x[mask] = value`` (a boolean mask over leading dims, one value broadcast to each row) as a ``where``.
+
+    T5Gemma 2 writes its end-of-image embedding at the matching tokens,
+    ``input_embeddings[input_ids == eoi_token_index] = eoi_embedding``: an ``index_put`` of a ``[hidden]``
+    vector at a ``[batch, sequence]`` mask. OpenVINO 2026.4's ``AtenIndexPutReplacer`` turns it into a
+    ``ScatterND`` whose updates have the wrong rank and conversion fails ("Rank of updates must be rank
+    of inputs + rank of indices - last dimension of indices - 1"). ``where(mask[..., None], value, x)``
+    writes the same rows. Delete when the frontend broadcasts such values.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    for node in [n for n in graph.nodes if n.target is aten.index_put.default]:
+        found = _broadcast_row_fill(node)
+        if found is None:
+            continue
+        data, mask, value, trailing = found
+        with graph.inserting_before(node):
+            rows = mask
+            for _ in range(trailing):
+                rows = graph.call_function(aten.unsqueeze.default, (rows, -1))
+            written = graph.call_function(aten.where.self, (rows, value, data))
+        written.meta.update(node.meta)
+        node.replace_all_uses_with(written)
+        graph.erase_node(node)
+
+
 def separate_outputs(graph: Any, /) -> None:
     """Give each graph output its own node when it repeats another output or returns an input as is.
 
@@ -301,5 +351,6 @@ OV_GRAPH_FIXES: tuple[OvGraphFix, ...] = (
     min_max_by_floordiv,
     whole_ceilings_as_products,
     index_add_with_alpha,
+    masked_row_fills_as_where,
     separate_outputs,
 )

@@ -21,6 +21,7 @@ from hfx.backends._openvino import lower_to_ov  # noqa: E402
 from hfx.backends._openvino_fixes import (  # noqa: E402
     drop_empty_cat_operands,
     index_add_with_alpha,
+    masked_row_fills_as_where,
     min_max_by_floordiv,
     whole_ceilings_as_products,
     mod_by_floordiv,
@@ -311,3 +312,51 @@ def test_neg_becomes_a_product_with_the_same_values():
     x = torch.randn(2, 3, 4)
     assert torch.equal(module(x=x), _RotateHalf()(x))
     assert torch.equal(lower_to_ov(exported)(x=x), _RotateHalf()(x))
+
+
+
+# --- a value written at a boolean mask's rows ------------------------------------------------------------
+
+
+class _MarkedRows(torch.nn.Module):
+    """T5Gemma 2's end-of-image embedding: one ``[hidden]`` vector written at the rows whose token matches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marker = torch.nn.Parameter(torch.arange(4.0))
+
+    def forward(self, embeddings, input_ids):
+        embeddings = embeddings * 2
+        embeddings[input_ids == 3] = self.marker
+        return embeddings
+
+
+def _marked_rows() -> hfx.Exported:
+    return _exported(_MarkedRows(), embeddings=torch.randn(2, 5, 4), input_ids=torch.tensor([[1, 3, 2, 3, 0], [3, 1, 1, 2, 2]]))
+
+
+def test_a_vector_written_at_a_masks_rows_converts_and_matches_eager_at_another_batch():
+    program = lower_to_ov(_marked_rows())
+    embeddings, ids = torch.randn(3, 5, 4), torch.tensor([[3, 3, 1, 0, 3], [1, 1, 1, 1, 1], [3, 0, 0, 0, 3]])
+    torch.testing.assert_close(program(embeddings=embeddings, input_ids=ids), _MarkedRows()(embeddings, ids), rtol=0, atol=0)
+
+
+def test_without_masked_row_fills_as_where_the_write_still_fails():
+    """Canary: when this fails, OpenVINO broadcasts the written value itself and the fix can go."""
+    with pytest.raises(hfx.LoweringError, match="Rank of updates must be rank of inputs"):
+        lower_to_ov(_marked_rows(), graph_fixes=_without(masked_row_fills_as_where))
+
+
+def test_a_write_of_rows_of_their_own_or_an_accumulation_is_left_as_it_is():
+    class _Rows(torch.nn.Module):
+        def forward(self, embeddings, input_ids):
+            embeddings = embeddings * 2
+            picked = input_ids == 3
+            embeddings[picked] = embeddings[picked] + 1  # a row each: the frontend's own case
+            return embeddings.index_put((input_ids == 1,), torch.ones(4), accumulate=True)
+
+    graph = _exported(_Rows(), embeddings=torch.randn(2, 5, 4), input_ids=torch.tensor([[1, 3, 2, 3, 0], [3, 1, 1, 2, 2]])
+                      ).program.graph
+    before = [n.target for n in graph.nodes]
+    masked_row_fills_as_where(graph)
+    assert [n.target for n in graph.nodes] == before
