@@ -223,13 +223,9 @@ def whole_ceilings_as_products(graph: Any, /) -> None:
         with graph.inserting_before(node):
             product = size if factor == 1 else _sym_node(graph, operator.mul, size, factor)
         node.replace_all_uses_with(product)
-        unused = [node.args[0]]
+        arithmetic = node.args[0]
         graph.erase_node(node)
-        while unused:  # the float arithmetic only the ceiling read
-            value = unused.pop()
-            if hasattr(value, "op") and not value.users and value.op == "call_function":
-                unused.extend(value.all_input_nodes)
-                graph.erase_node(value)
+        _erase_unused(graph, [arithmetic])  # the float arithmetic only the ceiling read
 
 
 # More than any difference of two sizes the graph compares (min_max_by_floordiv), and exact in OpenVINO's
@@ -279,6 +275,73 @@ def _broadcast_row_fill(node: Any) -> tuple[Any, Any, Any, int] | None:
     if any(size != 1 and size != want for size, want in zip(reversed(value_shape), reversed(tail))):
         return None
     return data, mask, value, len(data_shape) - rank
+
+
+def _erase_unused(graph: Any, values: list[Any]) -> None:
+    """Erase each of ``values`` that no node reads any more, and then what only they read."""
+    while values:
+        value = values.pop()
+        if hasattr(value, "op") and not value.users and value.op == "call_function":
+            values.extend(value.all_input_nodes)
+            graph.erase_node(value)
+
+
+_FLOAT_ARITHMETIC = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div"}
+
+
+def _float_size_tensor(graph: Any, value: Any) -> Any | None:
+    """A 0-d float32 tensor node computing ``value``: a number, or ``+ - * /`` over ``torch.sym_float`` of sizes."""
+    import torch
+
+    aten = torch.ops.aten
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return graph.call_function(aten.scalar_tensor.default, (float(value),), {"dtype": torch.float32})
+    if not hasattr(value, "op") or value.op != "call_function":
+        return None
+    if value.target is torch.sym_float and _is_size(value.args[0]):
+        return graph.call_function(aten.scalar_tensor.default, (value.args[0],), {"dtype": torch.float32})
+    name = _FLOAT_ARITHMETIC.get(value.target)
+    if name is None:
+        return None
+    left, right = (_float_size_tensor(graph, operand) for operand in value.args)
+    if left is None or right is None:
+        return None
+    return graph.call_function(getattr(aten, name).Tensor, (left, right))
+
+
+def linspaces_of_float_sizes_as_ranges(graph: Any, /) -> None:
+    """Rewrite ``torch.linspace(start, end, steps)`` whose ends are float arithmetic on sizes as an ``arange``.
+
+    Deformable DETR and its family (Grounding DINO, MM Grounding DINO …) place reference points with
+    ``torch.linspace(0.5, height - 0.5, height)`` on the feature maps' sizes: the graph keeps
+    ``torch.sym_float`` of a size, for which OpenVINO 2026.4's PyTorch frontend has no conversion rule
+    ("No conversion rule found for operations: <function sym_float ...>"). The ends are computed as
+    0-d float32 tensors and the points as ``start + arange(steps) * (end - start) / (steps - 1)``,
+    torch's values (the same formula; at most a rounding apart where torch counts from the end).
+    Delete when the frontend converts ``sym_float``.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    for node in [n for n in graph.nodes if n.target is aten.linspace.default]:
+        start, end, steps = node.args[:3]
+        if not any(hasattr(v, "op") for v in (start, end)) or not isinstance(steps, int) or steps < 2:
+            continue
+        dtype = node.kwargs.get("dtype") or torch.float32
+        with graph.inserting_before(node):
+            first, last = _float_size_tensor(graph, start), _float_size_tensor(graph, end)
+            if first is None or last is None:
+                continue
+            step = graph.call_function(aten.div.Tensor,
+                                       (graph.call_function(aten.sub.Tensor, (last, first)), float(steps - 1)))
+            counts = graph.call_function(aten.arange.default, (steps,), {"dtype": torch.float32})
+            points = graph.call_function(aten.add.Tensor, (graph.call_function(aten.mul.Tensor, (counts, step)), first))
+            if dtype != torch.float32:
+                points = graph.call_function(aten._to_copy.default, (points,), {"dtype": dtype})
+        points.meta.update(node.meta)
+        node.replace_all_uses_with(points)
+        graph.erase_node(node)
+        _erase_unused(graph, [start, end])  # the float arithmetic only the linspace read
 
 
 def masked_row_fills_as_where(graph: Any, /) -> None:
@@ -350,6 +413,7 @@ OV_GRAPH_FIXES: tuple[OvGraphFix, ...] = (
     power_by_products,
     min_max_by_floordiv,
     whole_ceilings_as_products,
+    linspaces_of_float_sizes_as_ranges,
     index_add_with_alpha,
     masked_row_fills_as_where,
     separate_outputs,

@@ -21,6 +21,7 @@ from hfx.backends._openvino import lower_to_ov  # noqa: E402
 from hfx.backends._openvino_fixes import (  # noqa: E402
     drop_empty_cat_operands,
     index_add_with_alpha,
+    linspaces_of_float_sizes_as_ranges,
     masked_row_fills_as_where,
     min_max_by_floordiv,
     whole_ceilings_as_products,
@@ -360,3 +361,35 @@ def test_a_write_of_rows_of_their_own_or_an_accumulation_is_left_as_it_is():
     before = [n.target for n in graph.nodes]
     masked_row_fills_as_where(graph)
     assert [n.target for n in graph.nodes] == before
+
+
+
+# --- reference points on float sizes ----------------------------------------------------------------------
+
+
+class _ReferencePoints(torch.nn.Module):
+    """Deformable DETR's reference points: ``linspace(0.5, size - 0.5, steps)`` on a dynamic size."""
+
+    def forward(self, x):
+        points = torch.linspace(0.5, x.shape[1] - 0.5, 4, dtype=torch.float32) / x.shape[1]
+        return x[:, :1] * points
+
+
+def _reference_points() -> hfx.Exported:
+    shapes = hfx.DynamicShapes(axes={"x": {0: "batch", 1: "width"}}, bounds={"batch": (1, 8), "width": (2, 64)})
+    return hfx.export(hfx.capture({"x": torch.ones(2, 5)}, _ReferencePoints(), dynamic_shapes=shapes))
+
+
+def test_a_linspace_to_a_float_size_converts_and_matches_eager():
+    exported = _reference_points()
+    assert torch.sym_float in {node.target for node in exported.program.graph.nodes}
+    program = lower_to_ov(exported)
+    for width in (2, 5, 13):
+        x = torch.randn(3, width)
+        torch.testing.assert_close(program(x=x), _ReferencePoints()(x), rtol=1e-6, atol=1e-7)
+
+
+def test_without_linspaces_of_float_sizes_as_ranges_the_linspace_still_fails():
+    """Canary: when this fails, OpenVINO converts ``sym_float`` and the fix can go."""
+    with pytest.raises(hfx.LoweringError, match="No conversion rule found for operations: <function sym_float"):
+        lower_to_ov(_reference_points(), graph_fixes=_without(linspaces_of_float_sizes_as_ranges))
