@@ -73,8 +73,12 @@ RUNTIME = "pte"
 # min(its export bound, DEFAULT_MAX_SIZE). The runtime allocates the memory planned
 # for them at load, and attention makes that grow as batch * sequence**2: the tiny
 # zoo Llama plans 58 MiB at (4, 512) but 454 MiB at (8, 1024) (docs/runtimes/executorch.md).
-# A waveform's dim counts samples: 512 would be 32 ms at 16 kHz, so it gets 10 s.
+# A waveform's dim counts samples: 512 would be 32 ms at 16 kHz. It gets up to 10 s, as many samples as keep the
+# frames its model makes of them (every output size computed from it alone) within DEFAULT_MAX_SIZE: a 320x
+# feature encoder (wav2vec2) plans 10 s, the zoo's 10x one 5120 samples (its attention over 16 000 frames
+# asked for more memory than the machine has: std::bad_alloc at load).
 DEFAULT_MAX_SIZES: Mapping[str, int] = MappingProxyType({"batch": 4, "audio_length": 160_000})
+_SAMPLE_DIMS = frozenset({"audio_length"})
 DEFAULT_MAX_SIZE = 512
 
 _METHOD = "forward"
@@ -253,7 +257,8 @@ def lower_to_pte(
     """Lower ``exported`` to an ExecuTorch program delegated to XNNPACK, planned for bounded dims.
 
     ExecuTorch plans memory at each dynamic dim's upper bound, so every dim gets
-    a finite one: ``max_sizes[name]``, else ``DEFAULT_MAX_SIZES[name]`` (batch 4, audio_length 160 000),
+    a finite one: ``max_sizes[name]``, else ``DEFAULT_MAX_SIZES[name]`` (batch 4; audio_length 160 000, or
+    fewer samples where its frames would pass 512),
     else ``min(export bound, DEFAULT_MAX_SIZE)`` (512), never above the export's
     own bound. The program records them in ``io.bounds``; a larger input raises
     ``InputError``. ExecuTorch's lowering runs under ``patches``, the
@@ -384,9 +389,47 @@ def pte_bounds(
                 raise ValueError(msg)
         else:
             default = DEFAULT_MAX_SIZES.get(name, DEFAULT_MAX_SIZE)
+            if name in _SAMPLE_DIMS:
+                default = _samples_whose_frames_fit(exported, name, lo, default)
             size = max(lo, min(default, hi if hi is not None else default))
         bounds[name] = (lo, size)
     return bounds
+
+
+def _symbol_of(exported: Exported, name: str) -> Any:
+    """The sympy symbol torch.export gave the dim ``name`` (read from the first input that has it), or None."""
+    placeholders = [n for n in exported.program.graph.nodes if n.op == "placeholder"]
+    users = {spec.arg.name for spec in exported.program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"}
+    inputs = [n for n in placeholders if n.name in users]
+    for node, spec in zip(inputs, exported.io.inputs, strict=False):
+        for axis, dim in enumerate(spec.shape):
+            size = node.meta["val"].shape[axis] if dim == name else None
+            if isinstance(size, torch.SymInt):
+                return size.node.expr
+    return None
+
+
+def _samples_whose_frames_fit(exported: Exported, name: str, lo: int, limit: int) -> int:
+    """The most samples of ``name`` (at most ``limit``) whose frames, in every output size computed from it alone,
+    stay within ``DEFAULT_MAX_SIZE``: a waveform's default bound, planned for the frames its model makes of it."""
+    symbol = _symbol_of(exported, name)
+    output = next(n for n in exported.program.graph.nodes if n.op == "output")
+    values = [node.meta.get("val") for node in output.all_input_nodes]
+    sizes = [size.node.expr for value in values for size in getattr(value, "shape", ()) if isinstance(size, torch.SymInt)]
+    framed = [expr for expr in sizes if symbol is not None and expr.free_symbols == {symbol}]
+    if not framed:
+        return limit
+
+    def fits(samples: int) -> bool:
+        return all(int(expr.subs(symbol, samples)) <= DEFAULT_MAX_SIZE for expr in framed)
+
+    low, high = max(lo, 1), limit  # sizes grow with the samples: the largest that fits, by bisection
+    if fits(high):
+        return high
+    while low < high - 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def ties_an_embedding(program: torch.export.ExportedProgram) -> bool:

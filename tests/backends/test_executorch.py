@@ -199,10 +199,15 @@ def test_a_bounded_decode_step_from_a_capture_generates_and_refuses_what_its_pla
         hfx.generate(zoo.inputs("llama", batch=4, sequence=5), programs, max_new_tokens=2)
 
 
-def test_a_waveform_is_planned_for_ten_seconds_by_default(exported):
-    # 512 samples (the default of other dims) would refuse any real clip: 32 ms at 16 kHz.
+def test_a_waveform_is_planned_for_ten_seconds_or_the_samples_whose_frames_fit(exported):
+    # 512 samples (the default of other dims) would refuse any real clip: 32 ms at 16 kHz. The zoo's wav2vec2 makes
+    # a frame of 10 samples, so 10 s (16 000 frames of attention) would not even load: its frames stay within 512.
     lo, hi = pte_bounds(exported("wav2vec2"))["audio_length"]
-    assert hi == DEFAULT_MAX_SIZES["audio_length"] == 160_000 and lo <= 20 * CAPTURE_SHAPE["sequence"]
+    assert lo <= 20 * CAPTURE_SHAPE["sequence"] and hi // 10 - 1 == DEFAULT_MAX_SIZE and (hi + 1) // 10 - 1 > DEFAULT_MAX_SIZE
+    name = "ctc:hubert"  # a 320x feature encoder, as wav2vec2-base's
+    model = zoo.build(name)
+    hubert = hfx.export(hfx.capture(zoo.forward_inputs(name, **CAPTURE_SHAPE), model))
+    assert pte_bounds(hubert)["audio_length"][1] == DEFAULT_MAX_SIZES["audio_length"] == 160_000
 
 
 def test_max_sizes_above_the_export_bound_is_a_value_error(exported):
