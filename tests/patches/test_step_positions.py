@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from transformers.cache_utils import DynamicCache
 
@@ -33,9 +32,10 @@ def test_a_steps_position_is_the_originals():
     assert_leaves_forwards(patch_symbolic_step_positions, zoo.build("llama"))
 
 
-@pytest.mark.parametrize("name", [PROPHETNET, "seq2seq-lm:prophetnet"])
-def test_prophetnet_keeps_a_prefill_and_generates_eagers_tokens(name):
-    # its decoder asserts one token per cached step, so decompose does not merge the steps into one graph
+def test_prophetnet_keeps_a_prefill_and_generates_eagers_tokens():
+    # its decoder asserts one token per cached step, so decompose does not merge the steps into one graph (the
+    # encoder-decoder's cells pass on every runtime in benchmarks/results/coverage-generated.json)
+    name = PROPHETNET
     model, parts = decomposed(name)
     step = parts["decode"].kwargs
     assert "prefill" in parts and step.get("decoder_input_ids", step.get("input_ids")).shape[1] == 1
