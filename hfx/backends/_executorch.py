@@ -75,7 +75,7 @@ RUNTIME = "pte"
 # zoo Llama plans 58 MiB at (4, 512) but 454 MiB at (8, 1024) (docs/runtimes/executorch.md).
 # A waveform's dim counts samples: 512 would be 32 ms at 16 kHz. It gets up to 10 s, as many samples as keep the
 # frames its model makes of them (every output size computed from it alone) within DEFAULT_MAX_SIZE: a 320x
-# feature encoder (wav2vec2) plans 10 s, the zoo's 10x one 5120 samples (its attention over 16 000 frames
+# feature encoder (wav2vec2) plans 10 s, the zoo's 10x one 5139 samples (its attention over 16 000 frames
 # asked for more memory than the machine has: std::bad_alloc at load).
 DEFAULT_MAX_SIZES: Mapping[str, int] = MappingProxyType({"batch": 4, "audio_length": 160_000})
 _SAMPLE_DIMS = frozenset({"audio_length"})
@@ -398,12 +398,10 @@ def pte_bounds(
 
 def _symbol_of(exported: Exported, name: str) -> Any:
     """The sympy symbol torch.export gave the dim ``name`` (read from the first input that has it), or None."""
-    placeholders = [n for n in exported.program.graph.nodes if n.op == "placeholder"]
-    users = {spec.arg.name for spec in exported.program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"}
-    inputs = [n for n in placeholders if n.name in users]
-    for node, spec in zip(inputs, exported.io.inputs, strict=False):
+    placeholders = {n.name: n for n in exported.program.graph.nodes if n.op == "placeholder"}
+    for spec, user in zip(exported.io.inputs, exported.program.graph_signature.user_inputs):  # as hfx._export.updates
         for axis, dim in enumerate(spec.shape):
-            size = node.meta["val"].shape[axis] if dim == name else None
+            size = placeholders[user].meta["val"].shape[axis] if dim == name else None
             if isinstance(size, torch.SymInt):
                 return size.node.expr
     return None
