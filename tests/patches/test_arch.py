@@ -24,6 +24,7 @@ from hfx.patches import (
     patch_funnel_positions,
     patch_integer_pixel_shuffle,
     patch_latent_attention_keys,
+    patch_one_chunk_loops,
     patch_padded_image_batch,
     patch_padding_mask_from_a_python_range,
     patch_padding_mask_kept,
@@ -88,7 +89,8 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
                                          patch_dense_global_attention, patch_padded_image_batch,
                                          patch_integer_pixel_shuffle, patch_deepstack_gather,
                                          patch_functional_token_shift, patch_eos_pooling_gather,
-                                         patch_covering_average_pool, patch_symbolic_step_positions]
+                                         patch_covering_average_pool, patch_symbolic_step_positions,
+                                         patch_one_chunk_loops]
     assert all(p.args == (dinov2,) for p in patches)
 
 

@@ -257,6 +257,9 @@ ROWS = (
     Row(patch=patches.patch_symbolic_step_positions, args=_shared("causal-lm:prophetnet"),
         slots=lambda model: [(_owner("transformers.models.prophetnet.modeling_prophetnet",
                                      "ProphetNetPositionalEmbeddings"), "forward")]),
+    Row(patch=patches.patch_one_chunk_loops, args=_shared("feature-extraction:nemotron3_5_transcribe_audio"),
+        slots=lambda model: [(vars(sys.modules[f"transformers.models.{name}.modeling_{name}"]), "range")
+                             for name in ("nemotron3_5_transcribe", "nemotron3_diarization")], adds=True),
     Row(patch=patches.patch_tensor_len, args=_shared("llama"),
         slots=lambda model: [(vars(sys.modules["transformers.models.llama.modeling_llama"]), "len")], adds=True),
     Row(patch=patches.patch_position_interpolation, args=_shared("dinov2"),
