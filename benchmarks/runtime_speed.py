@@ -201,6 +201,8 @@ def pin_threads(threads: int, runtimes: tuple[str, ...]) -> dict[str, int]:
 
         portable_lib._unsafe_reset_threadpool(threads)  # ExecuTorch's only thread setting in Python
         set_to["executorch"] = portable_lib._threadpool_get_thread_count()
+    if "openvino_genai" in runtimes:
+        import openvino_genai  # noqa: F401 - its threads are LLMPipeline's properties (open_ov_genai); imported for the footprint
     if "onnxruntime_genai" in runtimes:
         import onnxruntime_genai  # noqa: F401 - its threads are set in genai_config.json (open_genai); imported for the footprint
     return set_to
@@ -309,8 +311,10 @@ def _transformers_generate(model: Any) -> Generate:
 Step = tuple[str, Callable[..., Any]]  # (stage name in the table, ``f(value, *, model) -> value``)
 
 
-def build_hfx(checkpoint: Path, out: Path, *, steps: tuple[Step, ...], decomposition: Mapping[str, Any]) -> dict[str, float]:
-    """hfx as a user runs it: capture, decompose, export, then ``steps`` (quantize, lower), then save."""
+def build_hfx(checkpoint: Path, out: Path, *, steps: tuple[Step, ...], decomposition: Mapping[str, Any],
+              consumer: str | None = None) -> dict[str, float]:
+    """hfx as a user runs it: capture, decompose, export, then ``steps`` (quantize, lower), then save (or
+    ``hfx.package`` for ``consumer``, with the checkpoint's tokenizer)."""
     import torch
     import transformers
 
@@ -325,7 +329,9 @@ def build_hfx(checkpoint: Path, out: Path, *, steps: tuple[Step, ...], decomposi
         ("decompose", hfx.decompose(**decomposition)),
         ("export", hfx.export),
         *((name, functools.partial(step, model=model)) for name, step in steps),
-        ("save", hfx.save(out)),
+        ("save", hfx.save(out)) if consumer is None else
+        ("package", functools.partial(hfx.package, out, consumer=consumer,
+                                      tokenizer=transformers.AutoTokenizer.from_pretrained(checkpoint))),
     )
     _, seconds = timed_stages(model, stages)
     return seconds
@@ -384,6 +390,30 @@ def open_genai(checkpoint: Path, out: Path, *, threads: int) -> Generate:
         for _ in range(tokens):
             generator.generate_next_token()
         return [[int(t) for t in generator.get_sequence(row)[ids.shape[1]:ids.shape[1] + tokens]] for row in range(ids.shape[0])]
+
+    return generate
+
+
+def open_ov_genai(checkpoint: Path, out: Path, *, threads: int) -> Generate:
+    """``openvino_genai.LLMPipeline`` on hfx's OpenVINO GenAI package, on ``threads`` threads, f32 as hfx's own."""
+    import numpy as np
+    import openvino
+    import openvino_genai
+
+    from hfx._package.openvino_genai import EXACT_PROPERTIES
+
+    # GenAI 2026.4 takes the thread count as a string (an int stops the process with SIGFPE).
+    pipeline = openvino_genai.LLMPipeline(str(out), "CPU", **EXACT_PROPERTIES, INFERENCE_NUM_THREADS=str(threads),
+                                          PERFORMANCE_HINT="LATENCY")
+
+    def generate(prompt: dict[str, list[list[int]]], tokens: int) -> list[list[int]]:
+        config = openvino_genai.GenerationConfig()
+        # ignore_eos keeps it generating; min_new_tokens would suppress the end token and change the argmax.
+        config.max_new_tokens, config.ignore_eos = tokens, True
+        ids = np.asarray(prompt["input_ids"], dtype=np.int64)
+        mask = np.asarray(prompt["attention_mask"], dtype=np.int64)
+        result = pipeline.generate(openvino_genai.TokenizedInputs(openvino.Tensor(ids), openvino.Tensor(mask)), config)
+        return [[int(t) for t in row[:tokens]] for row in result.tokens]
 
     return generate
 
@@ -496,6 +526,11 @@ def contenders(threads: int) -> dict[str, Contender]:
     rows = [
         Contender(name="eager", runtimes=("torch",), build=None, open=open_eager),
         *(attrs.evolve(row, open=functools.partial(row.open, threads=threads)) for row in hfx_contenders()),
+        # OpenVINO's own LLM pipeline on hfx's stateful model (hfx.package): the runtime's pipeline, same graph.
+        Contender(name="ov-genai", runtimes=("torch", "openvino", "openvino_genai"),
+                  build=functools.partial(build_hfx, steps=hfx_steps("ov", {"stateful": True}), decomposition=ONE_GRAPH,
+                                          consumer="openvino-genai"),
+                  open=functools.partial(open_ov_genai, threads=threads)),
         Contender(name="ort-genai", runtimes=("onnxruntime_genai",), build=functools.partial(build_genai, precision="fp32"),
                   open=genai),
         Contender(name="ort-genai-int4", runtimes=("onnxruntime_genai",),
