@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from hfx.backends._size_arithmetic import floor_divisions_of_signed_sizes
+
 # A fix of the ONNX conversion: ``fix(convert) -> onnx_ir.Model``, where ``convert()`` returns the model.
 OnnxFix = Callable[[Callable[[], Any]], Any]
 
@@ -86,17 +88,35 @@ def scalar_first_operands_as_tensors(convert: Callable[[], Any], /) -> Any:
     number does), so the result's dtype is torch's. A graph without a number in
     a Tensor operand is left as it is. Delete when torch.onnx materialises them.
     """
+    return _converted_with_rewrite_before_promotion(convert, _numbers_made_tensors)
+
+
+def size_divisions_rounded_down(convert: Callable[[], Any], /) -> Any:
+    """Run ``convert`` with the decomposed graph's ``a // b`` on possibly negative sizes made exact first.
+
+    torch.onnx (2.13) converts ``operator.floordiv`` on SymInts to an int64 ``Div``, which ONNX
+    Runtime rounds toward zero: a ceiling torch wrote as ``-((-n) // k)`` came out one short, and an
+    output with it (Mimi's and EnCodec's last conv window) one row shorter than eager's, silently.
+    ``floor_divisions_of_signed_sizes`` shifts such dividends positive; a graph whose dividends torch
+    knows are never negative is left as it is. Delete when torch.onnx emits a floor division.
+    """
+    return _converted_with_rewrite_before_promotion(convert, floor_divisions_of_signed_sizes)
+
+
+def _converted_with_rewrite_before_promotion(convert: Callable[[], Any],
+                                              rewrite: Callable[[torch.fx.Graph], Any]) -> Any:
+    """``convert()``, with ``rewrite`` run on each decomposed graph just before torch.onnx's type promotion pass."""
     from torch.onnx._internal.exporter import _fx_passes
 
     from hfx.patches import swap_attr
 
     promote = _fx_passes.insert_type_promotion_nodes
 
-    def promote_with_tensors(graph_module: torch.fx.GraphModule) -> None:
-        _rewrite_each_graph(graph_module, _numbers_made_tensors)
+    def promote_after_rewrite(graph_module: torch.fx.GraphModule) -> None:
+        _rewrite_each_graph(graph_module, rewrite)
         promote(graph_module)
 
-    with swap_attr(_fx_passes, "insert_type_promotion_nodes", promote_with_tensors):
+    with swap_attr(_fx_passes, "insert_type_promotion_nodes", promote_after_rewrite):
         return convert()
 
 
@@ -345,6 +365,7 @@ def no_op_rules_match_exact_constants(convert: Callable[[], Any], /) -> Any:
 # The fixes ``lower_to_onnx`` wraps ``torch.onnx.export`` in; each wraps the ones before it (the first is
 # closest to the export). Read, extend or replace: ``lower_to_onnx(fixes=(*ONNX_FIXES, my_fix))``.
 ONNX_FIXES: tuple[OnnxFix, ...] = (convert_under_no_grad, unused_assert_conditions_dropped,
-                                   scalar_first_operands_as_tensors, bfloat16_arithmetic_in_float32,
+                                   scalar_first_operands_as_tensors, size_divisions_rounded_down,
+                                   bfloat16_arithmetic_in_float32,
                                    torchlib_registry_built_once, type_promotion_reads_recorded_values,
                                    no_op_rules_match_exact_constants)

@@ -15,6 +15,11 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from hfx.backends._size_arithmetic import floor_divisions_of_signed_sizes, is_size, sym_node
+
+# OpenVINO's CPU plugin computes int sizes in float32, exact to 2**24: dividends are shifted below that.
+_FLOAT_EXACT_SHIFT = 1 << 22
+
 # A rewrite of the decomposed FX graph, in place: ``fix(graph) -> None``.
 OvGraphFix = Callable[[Any], None]
 
@@ -106,12 +111,23 @@ def mod_by_floordiv(graph: Any, /) -> None:
     for node in [n for n in graph.nodes if n.op == "call_function" and n.target is operator.mod]:
         dividend, divisor = node.args
         with graph.inserting_before(node):
-            quotient = _sym_node(graph, operator.floordiv, dividend, divisor)
-            multiple = _sym_node(graph, operator.mul, quotient, divisor)
-            remainder = _sym_node(graph, operator.sub, dividend, multiple)
+            quotient = sym_node(graph, operator.floordiv, dividend, divisor)
+            multiple = sym_node(graph, operator.mul, quotient, divisor)
+            remainder = sym_node(graph, operator.sub, dividend, multiple)
         remainder.meta.update(node.meta)
         node.replace_all_uses_with(remainder)
         graph.erase_node(node)
+
+
+def floor_divisions_in_float_range(graph: Any, /) -> None:
+    """``floor_divisions_of_signed_sizes`` with shifts float32 holds exactly.
+
+    OpenVINO 2026.4's frontend converts ``operator.floordiv`` to a Python-rounding ``Divide``, yet a
+    ceiling torch writes as ``-((-n) // k)`` ran rounded toward zero (an output one row short), and the
+    CPU plugin computes the sizes in float32 (a dividend shifted by 2**30 came out wrong). Dividends
+    down to -2**22 are divided right. Delete when the plugin floors integer ``Divide``.
+    """
+    floor_divisions_of_signed_sizes(graph, shift=_FLOAT_EXACT_SHIFT)
 
 
 def power_by_products(graph: Any, /) -> None:
@@ -130,7 +146,7 @@ def power_by_products(graph: Any, /) -> None:
         with graph.inserting_before(node):
             product = base
             for _ in range(exponent - 1):
-                product = _sym_node(graph, operator.mul, product, base)
+                product = sym_node(graph, operator.mul, product, base)
         if product is base:  # a ** 1
             node.replace_all_uses_with(base)
         else:
@@ -171,16 +187,16 @@ def min_max_by_floordiv(graph: Any, /) -> None:
 
     for node in [n for n in graph.nodes if n.op == "call_function" and n.target in (torch.sym_min, torch.sym_max)]:
         left, right = node.args
-        if not all(_is_size(value) for value in (left, right)):
+        if not all(is_size(value) for value in (left, right)):
             continue
         with graph.inserting_before(node):
-            difference = _sym_node(graph, operator.sub, left, right)
-            greater = _sym_node(graph, operator.floordiv, _sym_node(graph, operator.add, difference, _SPAN - 1), _SPAN)
-            step = _sym_node(graph, operator.mul, difference, greater)
+            difference = sym_node(graph, operator.sub, left, right)
+            greater = sym_node(graph, operator.floordiv, sym_node(graph, operator.add, difference, _SPAN - 1), _SPAN)
+            step = sym_node(graph, operator.mul, difference, greater)
             if node.target is torch.sym_min:
-                result = _sym_node(graph, operator.sub, left, step)
+                result = sym_node(graph, operator.sub, left, step)
             else:
-                result = _sym_node(graph, operator.add, right, step)
+                result = sym_node(graph, operator.add, right, step)
         result.meta.update(node.meta)
         node.replace_all_uses_with(result)
         graph.erase_node(node)
@@ -192,7 +208,7 @@ def _whole_factor_of_a_float_size(value: Any) -> tuple[Any, int] | None:
 
     if not hasattr(value, "op") or value.op != "call_function":
         return None
-    if value.target is torch.sym_float and _is_size(value.args[0]):
+    if value.target is torch.sym_float and is_size(value.args[0]):
         return value.args[0], 1
     if value.target is operator.mul and len(value.args) == 2:
         for factor, other in (value.args, reversed(value.args)):
@@ -221,7 +237,7 @@ def whole_ceilings_as_products(graph: Any, /) -> None:
             continue
         size, factor = found
         with graph.inserting_before(node):
-            product = size if factor == 1 else _sym_node(graph, operator.mul, size, factor)
+            product = size if factor == 1 else sym_node(graph, operator.mul, size, factor)
         node.replace_all_uses_with(product)
         arithmetic = node.args[0]
         graph.erase_node(node)
@@ -234,25 +250,8 @@ def whole_ceilings_as_products(graph: Any, /) -> None:
 _SPAN = 1 << 24
 
 
-def _is_size(value: Any) -> bool:
-    """``value`` is an int or a node computing one (a SymInt)."""
-    import torch
-
-    value = value.meta.get("val") if hasattr(value, "meta") else value
-    return isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
-
-
 # Powers written out as products up to this exponent (a size squared or cubed; larger ones stay as they are).
 _MAX_POWER = 4
-
-
-def _sym_node(graph: Any, function: Callable[[Any, Any], Any], left: Any, right: Any) -> Any:
-    """A ``call_function`` node of ``function(left, right)`` whose ``val`` meta is that of its operands'."""
-    node = graph.call_function(function, (left, right))
-    values = [v.meta.get("val") if hasattr(v, "meta") else v for v in (left, right)]
-    if all(v is not None for v in values):
-        node.meta["val"] = function(*values)
-    return node
 
 
 def _broadcast_row_fill(node: Any) -> tuple[Any, Any, Any, int] | None:
@@ -298,7 +297,7 @@ def _float_size_tensor(graph: Any, value: Any) -> Any | None:
         return graph.call_function(aten.scalar_tensor.default, (float(value),), {"dtype": torch.float32})
     if not hasattr(value, "op") or value.op != "call_function":
         return None
-    if value.target is torch.sym_float and _is_size(value.args[0]):
+    if value.target is torch.sym_float and is_size(value.args[0]):
         return graph.call_function(aten.scalar_tensor.default, (value.args[0],), {"dtype": torch.float32})
     name = _FLOAT_ARITHMETIC.get(value.target)
     if name is None:
@@ -410,6 +409,7 @@ OV_GRAPH_FIXES: tuple[OvGraphFix, ...] = (
     drop_empty_cat_operands,
     negate_by_multiplying,
     mod_by_floordiv,
+    floor_divisions_in_float_range,
     power_by_products,
     min_max_by_floordiv,
     whole_ceilings_as_products,

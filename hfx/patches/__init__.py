@@ -59,6 +59,7 @@ from hfx.patches._ssm import (
     ssm_patches,
 )
 from hfx.patches._chunk_loops import one_chunk_range, patch_one_chunk_loops
+from hfx.patches._conv_padding import extra_padding, patch_integer_conv_padding
 from hfx.patches._eos_pooling import patch_eos_pooling_gather, rows_at_last_true
 from hfx.patches._parallel_experts import patch_dense_parallel_experts
 from hfx.patches._pooling import covering_average_pool, patch_covering_average_pool
@@ -92,7 +93,7 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Example:
         >>> import torch
         >>> [getattr(p, "func", p).__name__ for p in default_patches(torch.nn.Linear(1, 1))]
-        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place', 'patch_lightning_attention', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_deepstack_gather', 'patch_functional_token_shift', 'patch_eos_pooling_gather', 'patch_covering_average_pool', 'patch_symbolic_step_positions', 'patch_one_chunk_loops', 'patch_dense_experts', 'patch_dense_expert_modules', 'patch_dense_identity_experts', 'patch_dense_parallel_experts']
+        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place', 'patch_lightning_attention', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_deepstack_gather', 'patch_functional_token_shift', 'patch_eos_pooling_gather', 'patch_covering_average_pool', 'patch_symbolic_step_positions', 'patch_one_chunk_loops', 'patch_integer_conv_padding', 'patch_dense_experts', 'patch_dense_expert_modules', 'patch_dense_identity_experts', 'patch_dense_parallel_experts']
     """
     bound = tuple(
         functools.partial(patch, model)
@@ -116,6 +117,7 @@ __all__ = [
     "decayed_linear_attention",
     "dense_global_attention_forward",
     "dense_identity_experts_forward",
+    "extra_padding",
     "one_chunk_range",
     "patch_attention_implementation",
     "patch_axial_positions",
@@ -136,6 +138,7 @@ __all__ = [
     "patch_functional_token_shift",
     "patch_funnel_positions",
     "patch_gated_delta_rule_chunk_scan",
+    "patch_integer_conv_padding",
     "patch_integer_pixel_shuffle",
     "patch_latent_attention_keys",
     "patch_lightning_attention",

@@ -29,6 +29,7 @@ from hfx.patches._eos_pooling import patch_eos_pooling_gather
 from hfx.patches._pooling import patch_covering_average_pool
 from hfx.patches._step_positions import patch_symbolic_step_positions
 from hfx.patches._chunk_loops import patch_one_chunk_loops
+from hfx.patches._conv_padding import patch_integer_conv_padding
 from hfx.patches._token_shift import patch_functional_token_shift
 
 
@@ -563,12 +564,12 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
         ``patch_padding_mask_from_a_python_range``, ``patch_tensor_len``, ``patch_padding_mask_kept``,
         ``patch_dense_global_attention``, ``patch_padded_image_batch``, ``patch_integer_pixel_shuffle``,
         ``patch_deepstack_gather``, ``patch_functional_token_shift``, ``patch_eos_pooling_gather``,
-        ``patch_covering_average_pool``, ``patch_symbolic_step_positions`` and ``patch_one_chunk_loops``
-        bound to ``model``.
+        ``patch_covering_average_pool``, ``patch_symbolic_step_positions``, ``patch_one_chunk_loops`` and
+        ``patch_integer_conv_padding`` bound to ``model``.
 
     Example:
         >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))][3:]
-        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_deepstack_gather', 'patch_functional_token_shift', 'patch_eos_pooling_gather', 'patch_covering_average_pool', 'patch_symbolic_step_positions', 'patch_one_chunk_loops']
+        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_deepstack_gather', 'patch_functional_token_shift', 'patch_eos_pooling_gather', 'patch_covering_average_pool', 'patch_symbolic_step_positions', 'patch_one_chunk_loops', 'patch_integer_conv_padding']
     """
     return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys,
                                                                patch_complex_rotary, patch_real_fourier_mixing,
@@ -578,4 +579,5 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
                                                                patch_padded_image_batch, patch_integer_pixel_shuffle,
                                                                patch_deepstack_gather, patch_functional_token_shift,
                                                                patch_eos_pooling_gather, patch_covering_average_pool,
-                                                               patch_symbolic_step_positions, patch_one_chunk_loops))
+                                                               patch_symbolic_step_positions, patch_one_chunk_loops,
+                                                               patch_integer_conv_padding))

@@ -25,7 +25,7 @@ _CHUNK_LOOP = re.compile(r"\bin range\([^(),]+,[^(),]+,[^(),]+\)")
 
 
 def one_chunk_range(*args: Any) -> range:
-    """``range(*args)``, with one step where ``range(start, stop, step)``'s symbolic ``stop`` fits in one step.
+    """``range(*args)``, with one step where ``range(start, stop, step)``'s symbolic ``stop`` (or ``step``) takes one step.
 
     There the loop runs once, as eager does on the traced input, and the program keeps the
     lengths that take one step (``start < stop <= start + step``; a longer input is an
@@ -34,9 +34,10 @@ def one_chunk_range(*args: Any) -> range:
     >>> list(one_chunk_range(0, 10, 4)), list(one_chunk_range(3))
     ([0, 4, 8], [0, 1, 2])
     """
-    if len(args) == 3 and isinstance(args[1], torch.SymInt) and all(isinstance(a, int) for a in (args[0], args[2])):
+    if len(args) == 3 and isinstance(args[0], int) and any(isinstance(a, torch.SymInt) for a in args[1:]):
         start, stop, step = args
-        if step > 0 and start < size_at_trace(stop) <= start + step:
+        if size_at_trace(step) > 0 and start < size_at_trace(stop) <= start + size_at_trace(step):
+            torch._check(step > 0)  # EnCodec's whole-input chunk: range(0, length, length)
             torch._check(stop > start)
             torch._check(stop <= start + step)
             return builtins.range(start, start + 1)

@@ -22,6 +22,7 @@ from hfx.patches import (
     patch_eos_pooling_gather,
     patch_functional_token_shift,
     patch_funnel_positions,
+    patch_integer_conv_padding,
     patch_integer_pixel_shuffle,
     patch_latent_attention_keys,
     patch_one_chunk_loops,
@@ -90,7 +91,7 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
                                          patch_integer_pixel_shuffle, patch_deepstack_gather,
                                          patch_functional_token_shift, patch_eos_pooling_gather,
                                          patch_covering_average_pool, patch_symbolic_step_positions,
-                                         patch_one_chunk_loops]
+                                         patch_one_chunk_loops, patch_integer_conv_padding]
     assert all(p.args == (dinov2,) for p in patches)
 
 

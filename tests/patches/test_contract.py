@@ -260,6 +260,9 @@ ROWS = (
     Row(patch=patches.patch_one_chunk_loops, args=_shared("feature-extraction:nemotron3_5_transcribe_audio"),
         slots=lambda model: [(vars(sys.modules[f"transformers.models.{name}.modeling_{name}"]), "range")
                              for name in ("nemotron3_5_transcribe", "nemotron3_diarization")], adds=True),
+    Row(patch=patches.patch_integer_conv_padding, args=_shared("feature-extraction:mimi_encoder"),
+        slots=lambda model: [(_owner("transformers.models.mimi.modeling_mimi", "MimiConv1d"),
+                              "_get_extra_padding_for_conv1d")]),
     Row(patch=patches.patch_tensor_len, args=_shared("llama"),
         slots=lambda model: [(vars(sys.modules["transformers.models.llama.modeling_llama"]), "len")], adds=True),
     Row(patch=patches.patch_position_interpolation, args=_shared("dinov2"),

@@ -1,0 +1,86 @@
+"""Size arithmetic in an exported FX graph, rewritten so every runtime computes it as torch does.
+
+Shared by the ONNX and OpenVINO lowerings (``ONNX_FIXES``, ``OV_GRAPH_FIXES``); nothing here imports
+a runtime.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+# A dividend is shifted by the multiple of its divisor nearest below ``shift``, to be positive: a dividend
+# down to -shift is divided right. int64 arithmetic (ONNX Runtime) takes this one.
+INT64_SHIFT = 1 << 40
+
+
+def is_size(value: Any) -> bool:
+    """``value`` is an int or a node computing one (a SymInt)."""
+    import torch
+
+    value = value.meta.get("val") if hasattr(value, "meta") else value
+    return isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
+
+
+def sym_node(graph: Any, function: Callable[[Any, Any], Any], left: Any, right: Any) -> Any:
+    """A ``call_function`` node of ``function(left, right)`` whose ``val`` meta is that of its operands'."""
+    node = graph.call_function(function, (left, right))
+    values = [v.meta.get("val") if hasattr(v, "meta") else v for v in (left, right)]
+    if all(v is not None for v in values):
+        node.meta["val"] = function(*values)
+    return node
+
+
+def _lowest(value: Any) -> Any:
+    """The least value ``value`` (an int or a node computing a SymInt) can take, as torch's ranges know it;
+    ``None`` where unknown."""
+    import torch
+
+    value = value.meta.get("val") if hasattr(value, "meta") else value
+    if isinstance(value, int):
+        return value
+    if not isinstance(value, torch.SymInt):
+        return None
+    try:
+        return value.node.shape_env.bound_sympy(value.node.expr).lower
+    except Exception:  # a symbol the shape environment does not know: no bound  # noqa: BLE001
+        return None
+
+
+def _at_least(value: Any, least: int) -> bool:
+    lowest = _lowest(value)
+    try:
+        return lowest is not None and bool(lowest >= least)
+    except TypeError:  # sympy's -oo against an int
+        return False
+
+
+def floor_divisions_of_signed_sizes(graph: Any, /, *, shift: int = INT64_SHIFT) -> int:
+    """Rewrite ``a // b`` on sizes whose dividend may be negative as ``(a + b * k) // b - k``, ``k = shift // b``.
+
+    torch divides sizes with Python's floor; ONNX Runtime (``Div`` of int64, torch.onnx 2.13) and
+    OpenVINO 2026.4 divide them toward zero. torch writes a ceiling as the floor of a negated size
+    (``math.ceil(n / 4)`` is ``-((-n) // 4)`` in the exported graph), so a program sized an output 1
+    short of eager's (Mimi's and EnCodec's last conv window, any ``ceil`` of a dynamic size). With the
+    dividend shifted by a multiple of a positive divisor it is positive, where both roundings agree
+    (for a dividend down to ``-shift``).
+    Divisions whose dividend torch knows is never negative, or whose divisor may not be positive, are
+    left as they are. Returns how many were rewritten.
+    """
+    rewritten = 0
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is operator.floordiv]:
+        dividend, divisor = node.args
+        if not (is_size(dividend) and is_size(divisor)) or _at_least(dividend, 0) or not _at_least(divisor, 1):
+            continue
+        with graph.inserting_before(node):
+            # shift // b and its multiple of b: both operands positive, so every runtime rounds them alike
+            times = shift // divisor if isinstance(divisor, int) else sym_node(graph, operator.floordiv, shift, divisor)
+            shift = divisor * times if isinstance(divisor, int) else sym_node(graph, operator.mul, divisor, times)
+            shifted = sym_node(graph, operator.add, dividend, shift)
+            result = sym_node(graph, operator.sub, sym_node(graph, operator.floordiv, shifted, divisor), times)
+        result.meta.update(node.meta)
+        node.replace_all_uses_with(result)
+        graph.erase_node(node)
+        rewritten += 1
+    return rewritten
