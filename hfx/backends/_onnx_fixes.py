@@ -103,6 +103,36 @@ def size_divisions_rounded_down(convert: Callable[[], Any], /) -> Any:
     return _converted_with_rewrite_before_promotion(convert, floor_divisions_of_signed_sizes)
 
 
+def zero_size_views_as_new_tensors(convert: Callable[[], Any], /) -> Any:
+    """Run ``convert`` with each ``view`` to a shape holding a literal 0 made a ``new_zeros`` of that shape first.
+
+    Model pattern: the rotary half of a no-RoPE layer's keys, ``k_rot.view(batch, 1, seq, 0)``
+    (Mistral Large 4's ``no_rope_layers``, its ``qk_rope_head_dim`` 0 there). onnxscript 0.7's
+    ``MaterializeReshapeShape`` rule writes the target shape ``[-1, 1, 1, 0]`` with
+    ``allowzero=1``, which ONNX Runtime refuses at load ("Invalid Target shape product of 0.
+    Product cannot be 0 in combination with -1"). A tensor of no elements has no values to keep,
+    so a new one of the same shape and dtype is the same. Delete when the rule leaves such shapes.
+    """
+    return _converted_with_rewrite_before_promotion(convert, _zero_size_views_made_new)
+
+
+def _zero_size_views_made_new(graph: torch.fx.Graph) -> int:
+    """Replace ``aten.view`` / ``aten.reshape`` to a size list with a literal 0 by ``aten.new_zeros``; how many."""
+    views = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
+    rewritten = 0
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target in views]:
+        source, size = node.args[:2]
+        if not any(type(s) is int and s == 0 for s in size):
+            continue
+        with graph.inserting_before(node):
+            empty = graph.call_function(torch.ops.aten.new_zeros.default, (source, list(size)))
+        empty.meta.update(node.meta)
+        node.replace_all_uses_with(empty)
+        graph.erase_node(node)
+        rewritten += 1
+    return rewritten
+
+
 def _converted_with_rewrite_before_promotion(convert: Callable[[], Any],
                                               rewrite: Callable[[torch.fx.Graph], Any]) -> Any:
     """``convert()``, with ``rewrite`` run on each decomposed graph just before torch.onnx's type promotion pass."""
@@ -366,6 +396,7 @@ def no_op_rules_match_exact_constants(convert: Callable[[], Any], /) -> Any:
 # closest to the export). Read, extend or replace: ``lower_to_onnx(fixes=(*ONNX_FIXES, my_fix))``.
 ONNX_FIXES: tuple[OnnxFix, ...] = (convert_under_no_grad, unused_assert_conditions_dropped,
                                    scalar_first_operands_as_tensors, size_divisions_rounded_down,
+                                   zero_size_views_as_new_tensors,
                                    bfloat16_arithmetic_in_float32,
                                    torchlib_registry_built_once, type_promotion_reads_recorded_values,
                                    no_op_rules_match_exact_constants)

@@ -43,6 +43,7 @@ from hfx.backends._onnx_fixes import (  # noqa: E402
     torchlib_registry_built_once,
     type_promotion_reads_recorded_values,
     unused_assert_conditions_dropped,
+    zero_size_views_as_new_tensors,
 )
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE, new_inputs  # noqa: E402
 from tests.tolerances import FP32_ONE_BLOCK, FP32_PARITY  # noqa: E402
@@ -424,3 +425,31 @@ def test_the_no_op_constants_are_exact_inside_and_tolerant_again_after():
     with exact_no_op_constants():
         assert all(c._abs_tol == c._rel_tol == 0.0 for c in constants)  # noqa: SLF001
     assert [(c._abs_tol, c._rel_tol) for c in constants] == before  # noqa: SLF001
+
+
+class _NoRopeKeys(torch.nn.Module):
+    """A no-RoPE layer's decode-step keys in small (Mistral Large 4): the rotary half, split off with 0 columns,
+    viewed with the step's static length of 1, as ``k_rot.view(batch, 1, seq_length, 0)``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, step = x.shape[:2]
+        keys, rotary = torch.split(x, [x.shape[-1], 0], dim=-1)
+        return keys.view(batch, 1, step, -1).sum(-1) + rotary.view(batch, 1, step, 0).sum(-1)
+
+
+def _no_rope_keys() -> hfx.Exported:
+    exported = hfx.export(hfx.capture({"x": torch.randn(2, 1, 8)}, _NoRopeKeys()))
+    assert exported.io.inputs[0].shape == ("batch", 1, 8)  # one symbolic dim: onnxscript writes it as -1
+    return exported
+
+
+def test_a_view_to_zero_columns_loads_and_runs_at_another_batch():
+    program = lower_to_onnx(_no_rope_keys())
+    x = torch.randn(3, 1, 8)
+    torch.testing.assert_close(program(x=x), _NoRopeKeys()(x))
+
+
+def test_without_the_zero_size_fix_onnx_runtime_still_refuses_the_reshape():
+    """Canary: when this fails, onnxscript writes a reshape to zero columns ONNX Runtime loads, and the fix can go."""
+    with pytest.raises(hfx.LoweringError, match="Product cannot be 0 in combination with -1"):
+        lower_to_onnx(_no_rope_keys(), fixes=_without(zero_size_views_as_new_tensors))
