@@ -20,15 +20,8 @@ from typing import Any
 import torch
 
 from hfx.patches._core import Patch, source_contains, swap_attr, swap_attr_on_each
+from hfx.patches._expert_matmuls import experts_linear
 from hfx.patches._parallel_experts import patch_dense_parallel_experts
-
-
-def _experts_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                    *, transposed: bool) -> torch.Tensor:
-    """``inputs (E, T, in)`` times each expert's ``weight`` (``(E, out, in)``, or ``(E, in, out)`` transposed)."""
-    weight = weight.to(inputs.dtype)
-    output = torch.bmm(inputs, weight if transposed else weight.transpose(1, 2))
-    return output if bias is None else output + bias.to(inputs.dtype)[:, None]
 
 
 def dense_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -46,10 +39,10 @@ def dense_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, to
     num_tokens, hidden_dim = hidden_states.shape
     tiled = hidden_states.repeat(self.num_experts, 1).view(self.num_experts, num_tokens, hidden_dim)
     up = "gate_up_proj" if self.has_gate else "up_proj"
-    projected = _experts_linear(tiled, getattr(self, up), getattr(self, f"{up}_bias", None) if self.has_bias else None,
+    projected = experts_linear(tiled, getattr(self, up), getattr(self, f"{up}_bias", None) if self.has_bias else None,
                                 transposed=self.is_transposed)
     projected = self._apply_gate(projected) if self.has_gate else self.act_fn(projected)
-    projected = _experts_linear(projected, self.down_proj, self.down_proj_bias if self.has_bias else None,
+    projected = experts_linear(projected, self.down_proj, self.down_proj_bias if self.has_bias else None,
                                 transposed=self.is_transposed)
     if self.has_post_expert_norm:
         projected = self.post_expert_norm(projected)
@@ -165,8 +158,8 @@ def dense_identity_experts_forward(self: torch.nn.Module, hidden_states: torch.T
     output = hidden_states * routing[:, routed:].sum(dim=-1, keepdim=True).to(hidden_states.dtype)
     if routed > 0 and self.gate_up_proj is not None:
         tiled = hidden_states.repeat(routed, 1).view(routed, num_tokens, hidden_dim)
-        gate, up = _experts_linear(tiled, self.gate_up_proj[:routed], None, transposed=False).chunk(2, dim=-1)
-        projected = _experts_linear(self.act_fn(gate) * up, self.down_proj, None, transposed=False)
+        gate, up = experts_linear(tiled, self.gate_up_proj[:routed]).chunk(2, dim=-1)
+        projected = experts_linear(self.act_fn(gate) * up, self.down_proj)
         output = output + (projected * routing[:, :routed].transpose(0, 1)[..., None]).sum(dim=0).to(hidden_states.dtype)
     return output
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from hfx.patches._core import source_contains, swap_attr_on_each
+from hfx.patches._expert_matmuls import experts_linear
 
 _PATTERN = "inputs.split(expert_size"
 
@@ -30,7 +31,7 @@ def _routing(router: torch.nn.Module, tokens: torch.Tensor) -> tuple[torch.Tenso
 
 def _every_expert(tokens: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``(E, T, out)``: each expert's ``F.linear`` (``weight`` is ``(E, out, in)``) on every token of ``(T, in)``."""
-    return _every_expert_rows(tokens.expand(weight.shape[0], -1, -1), weight)
+    return experts_linear(tokens.expand(weight.shape[0], -1, -1), weight)
 
 
 def _routed(experts: torch.Tensor, gates: torch.Tensor, count: int) -> torch.Tensor:
@@ -46,14 +47,9 @@ def dense_parallel_moe_forward(self: Any, layer_input: torch.Tensor) -> torch.Te
     _, experts, gates = _routing(self.router, tokens)
     projected = _every_expert(tokens, self.input_linear.weight)
     first, second = projected.chunk(2, dim=-1)
-    outputs = _every_expert_rows(self.activation(first) * second, self.output_linear.weight)  # (E, T, hidden)
+    outputs = experts_linear(self.activation(first) * second, self.output_linear.weight)  # (E, T, hidden)
     routing = _routed(experts, gates, self.output_linear.num_experts).transpose(0, 1)  # (E, T)
     return (outputs * routing[..., None]).sum(dim=0).view(batch, length, hidden) + self.bias
-
-
-def _every_expert_rows(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``(E, T, out)``: expert ``e``'s ``F.linear`` on row ``e`` of ``rows`` (``(E, T, in)``)."""
-    return torch.bmm(rows, weight.transpose(1, 2))
 
 
 def dense_attention_experts_map(self: Any, layer_input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
@@ -74,7 +70,7 @@ def dense_attention_experts_reduce(self: Any, layer_input: torch.Tensor, topo_in
     weights = torch.zeros(*experts.shape, self.num_experts, dtype=rows.dtype, device=rows.device).scatter(
         -1, experts[..., None], gates[..., None].to(rows.dtype))  # (T, k, E)
     per_expert = torch.einsum("tke,tkh->eth", weights, rows)  # each expert's gated sum of its slots' rows
-    output = _every_expert_rows(per_expert, self.output_linear.weight).sum(dim=0)
+    output = experts_linear(per_expert, self.output_linear.weight).sum(dim=0)
     return output.view(batch, length, self.input_size) + self.bias
 
 
