@@ -2,12 +2,17 @@
 
 ``torch._inductor.aoti_compile_and_package`` compiles an exported program to C++
 (Inductor's fused kernels plus calls into ATen for matmuls and attention),
-builds it into a shared library with the weights inside, and packs that
-library with its calling spec into a ``.pt2`` archive: another format than
-``torch.export.save``'s ``.pt2``, holding compiled code and no graph. The
-program keeps the package (what ``hfx.save`` writes) in a private temporary
-file, mapped read-only: its weights are not held twice in the heap. It runs the
-library through torch's package loader, which extracts it to a temporary folder
+builds it into a shared library, and packs that library with its calling spec
+into a ``.pt2`` archive: another format than ``torch.export.save``'s ``.pt2``,
+holding compiled code and no graph. The weights stay out of the library
+(``aot_inductor.package_constants_in_so=False``): the runner reads the
+program's own tensors as user-managed constants, so the weights are held once
+(AOTInductor's loader copied every constant out of the library's weight
+section into memory it owns, a second copy of the weights). In memory they are
+the exported program's tensors; ``hfx.save`` writes them to a ``.safetensors``
+file beside the package, and a loaded program reads them mapped from it. The
+program keeps the package in a private temporary file, mapped read-only, and
+runs it through torch's package loader, which extracts it to a temporary folder
 and loads it into the process. The named dims and their bounds of the
 ``Exported`` carry into the package as its symbolic sizes: one compile serves
 every batch and sequence length hfx's call admits.
@@ -63,6 +68,7 @@ _OWN_SETTINGS = {
     "aot_inductor.package": "leave it out: the package is always made",
     "aot_inductor.output_path": "leave it out: hfx.save writes the package where you say",
     "aot_inductor.metadata": "leave it out: it holds the threads the kernels are made for",
+    "aot_inductor.package_constants_in_so": "leave it out: the weights are the program's constants, held once",
 }
 # Logger namespaces whose records a lowering keeps for its error message instead of printing them.
 _QUIET_LOGGERS = ("torch",)
@@ -70,12 +76,15 @@ _QUIET_LOGGERS = ("torch",)
 
 @attrs.frozen(kw_only=True, eq=False)
 class AotiProgram:
-    """An AOTInductor package (compiled native code with its weights), its calling contract and its loaded runner.
+    """An AOTInductor package (compiled native code), its weights, its calling contract and its loaded runner.
 
     ``package`` is the ``.pt2`` archive ``torch._inductor.aoti_compile_and_package``
     wrote: bytes, or (in the programs hfx makes) a read-only map of an unlinked
-    temporary file, so the program outlives the files it was loaded from without
-    holding its weights in memory. Making the record loads the package
+    temporary file, so the program outlives the files it was loaded from.
+    ``constants`` are the weights by name, which the runner uses as they are
+    (user-managed, not copied): the exported program's tensors, or tensors mapped
+    from the saved ``.safetensors`` file; empty for a package that holds its own
+    weights in its library. Making the record loads the package
     (``torch._inductor.aoti_load_package``'s loader), which runs its native code:
     make one only from a package you trust.
     ``inductor_configs`` are the Inductor settings it was compiled with.
@@ -96,8 +105,9 @@ class AotiProgram:
     io: IoSpec
     name: str = "model"
     inductor_configs: Mapping[str, Any] = attrs.field(factory=dict, converter=readonly)
+    constants: Mapping[str, Any] = attrs.field(factory=dict, converter=readonly, repr=False)
     _runner: Any = attrs.field(init=False, repr=False, default=attrs.Factory(
-        lambda self: _loaded(self.package), takes_self=True))
+        lambda self: _loaded(self.package, self.constants), takes_self=True))
     threads: int = attrs.field(init=False, default=attrs.Factory(
         lambda self: int(self._runner.get_metadata().get(_THREADS_KEY, default_threads())), takes_self=True))
 
@@ -119,8 +129,9 @@ class AotiProgram:
             raise LoweringError(msg) from exc
 
 
-def _loaded(package: bytes | mmap.mmap) -> Any:
-    """The loader of ``package``'s model, which extracts its shared library and loads it into the process.
+def _loaded(package: bytes | mmap.mmap, constants: Mapping[str, Any]) -> Any:
+    """The loader of ``package``'s model, which extracts its shared library and loads it into the process, with
+    ``constants`` as its weights (used as they are, not copied; none for a library that holds its own).
 
     ``aoti_load_package`` would also deserialise any exported programs and extra files the
     archive holds; this loader (the one it uses) reads the compiled model alone.
@@ -130,7 +141,22 @@ def _loaded(package: bytes | mmap.mmap) -> Any:
     with tempfile.TemporaryDirectory(prefix="hfx-aoti-") as folder:
         path = Path(folder) / "package.pt2"
         _write(package, path)
-        return torch._C._aoti.AOTIModelPackageLoader(str(path), _MODEL, False, 1, -1)  # noqa: SLF001
+        runner = torch._C._aoti.AOTIModelPackageLoader(str(path), _MODEL, False, 1, -1)  # noqa: SLF001
+    if constants:
+        wanted = runner.get_constant_fqns()
+        missing = sorted(set(wanted) - set(constants))
+        if missing:
+            msg = f"the package's library wants weights the program does not hold: {missing[:5]}"
+            raise ValueError(msg)
+        # user_managed: the runner reads these tensors, no copy of its own
+        runner.load_constants({name: constants[name] for name in wanted}, False, True, True)
+    return runner
+
+
+def program_constants(exported: Exported) -> dict[str, Any]:
+    """The weights of ``exported``'s program by name (parameters, buffers, lifted constants): its own tensors."""
+    program = exported.program
+    return {**program.state_dict, **program.constants}
 
 
 def _write(package: bytes | mmap.mmap, path: Path) -> None:
@@ -213,7 +239,8 @@ def lower_to_aoti(
     exported = for_runtime(as_exported(exported, stage="lower_to_aoti"))
     package = _compiled(exported, threads=threads, configs=configs)
     try:
-        return AotiProgram(package=package, io=exported.io, name=exported.name, inductor_configs=configs)
+        return AotiProgram(package=package, io=exported.io, name=exported.name, inductor_configs=configs,
+                           constants=program_constants(exported))
     except Exception as exc:
         what = f"the compiled package did not load: {root_cause(exc)}."
         todo = "Lower again (a package loads on the machine that built it) and report it to hfx if it persists."
@@ -246,7 +273,8 @@ def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any]) -
 
     program = copy.copy(exported.program)  # the example inputs go on a copy; the graph is unlifted, not changed
     log = io.StringIO()
-    settings = {**configs, "cpp.threads": threads, "aot_inductor.metadata": {_THREADS_KEY: str(threads)}}
+    settings = {**configs, "cpp.threads": threads, "aot_inductor.metadata": {_THREADS_KEY: str(threads)},
+                "aot_inductor.package_constants_in_so": False}
 
     def compile_into(file: BinaryIO) -> None:
         # AOTInductor takes the inputs' structure from example inputs; the sizes come from the graph's symbols.
@@ -268,19 +296,61 @@ def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> 
 
 
 def save_files(program: AotiProgram, directory: Path, *, filename: str = "") -> dict[str, Any]:
-    """Write the package, ``<name>.pt2``, into ``directory``; return the manifest entry."""
+    """Write the package, ``<name>.pt2``, and its weights, ``<name>.safetensors``, into ``directory``; return the
+    manifest entry (``aliases``: weights stored once under another name, as tied embeddings share one tensor)."""
     filename = filename or f"{program.name}.pt2"
     (directory / filename).parent.mkdir(parents=True, exist_ok=True)
     _write(program.package, directory / filename)
-    return {"files": [filename], "threads": program.threads, "inductor_configs": dict(program.inductor_configs)}
+    entry = {"files": [filename], "threads": program.threads, "inductor_configs": dict(program.inductor_configs)}
+    if program.constants:
+        import safetensors.torch
+
+        stored, aliases = _stored_once(program.constants)
+        weights = filename.removesuffix(".pt2") + ".safetensors"
+        safetensors.torch.save_file(stored, str(directory / weights))
+        entry |= {"files": [filename, weights], "aliases": aliases}
+    return entry
+
+
+def _stored_once(constants: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``constants`` with each tensor once (contiguous), and the names that alias a stored one: ``{alias: name}``.
+
+    >>> import torch
+    >>> weight = torch.ones(2, 3)
+    >>> stored, aliases = _stored_once({"embed.weight": weight, "head.weight": weight, "bias": torch.zeros(2)})
+    >>> sorted(stored), aliases
+    (['bias', 'embed.weight'], {'head.weight': 'embed.weight'})
+    """
+    stored: dict[str, Any] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[Any, ...], str] = {}
+    for name, tensor in constants.items():
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+        if tensor.numel() and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        stored[name] = tensor.detach().contiguous()
+    return stored, aliases
+
+
+def _mapped_weights(path: Path, aliases: Mapping[str, str]) -> dict[str, Any]:
+    """The tensors of the ``.safetensors`` file at ``path``, mapped from it (not read into memory), with ``aliases``."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as weights:
+        tensors = {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118 - safe_open has no iter
+    return tensors | {alias: tensors[name] for alias, name in aliases.items()}
 
 
 def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSpec,
                threads: int | None = None) -> AotiProgram:
     """Load a package written by ``save_files``, running its native code (``hfx.load`` asks for ``trust=True``).
 
-    The program maps a private copy of the package and outlives its directory. Its kernels were generated
-    for the threads it records: ``threads`` must be ``None`` or that number.
+    The program maps a private copy of the package, and its weights from the ``.safetensors`` file (read as
+    they are used, held once; a mapping outlives the file's removal, and ``hfx.save`` replaces files rather
+    than writing into them). Its kernels were generated for the threads it records: ``threads`` must be
+    ``None`` or that number.
     """
     compiled = entry.get("threads")
     if threads is not None and compiled is not None and threads != compiled:
@@ -290,7 +360,10 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
         raise InputError(msg)  # an HfxError: hfx.load passes it on as it is, not as an unreadable file
     with (Path(directory) / entry["files"][0]).open("rb") as saved:
         package = _mapped(functools.partial(shutil.copyfileobj, saved))
-    return AotiProgram(package=package, io=io, name=name, inductor_configs=entry.get("inductor_configs", {}))
+    files = entry["files"]
+    constants = _mapped_weights(Path(directory) / files[1], entry.get("aliases", {})) if len(files) > 1 else {}
+    return AotiProgram(package=package, io=io, name=name, inductor_configs=entry.get("inductor_configs", {}),
+                       constants=constants)
 
 
 def native_members(entry: Mapping[str, Any], directory: Path) -> list[str]:

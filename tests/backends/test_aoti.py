@@ -7,12 +7,14 @@ its decomposed graphs are compiled once per module, with one thread, and shared 
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import attrs
@@ -137,7 +139,8 @@ def test_lowering_leaves_the_exported_unchanged(forward):
 def test_save_writes_the_package_and_load_refuses_it_without_trust(decomposed, tmp_path):
     _, _, programs = decomposed
     path = hfx.save(tmp_path / "llama", programs)
-    assert {p.name for p in path.iterdir()} == {"hfx.json", *(f"{name}.pt2" for name in programs)}
+    assert {p.name for p in path.iterdir()} == {"hfx.json", *(f"{name}{suffix}" for name in programs
+                                                             for suffix in (".pt2", ".safetensors"))}
     entry = json.loads((path / "hfx.json").read_text())["components"]["decode"]
     assert (entry["runtime"], entry["record"], entry["threads"], entry["inductor_configs"]) == (
         "aoti", "AotiProgram", 1, {})
@@ -153,6 +156,30 @@ def test_save_writes_the_package_and_load_refuses_it_without_trust(decomposed, t
                                          r"lower_to_aoti\(exported, threads=2\)$"):
         hfx.load(path, trust=True, threads=2)
     assert hfx.load(path, trust=True, threads=1)["decode"].threads == 1
+
+
+def test_the_weights_are_the_programs_own_tensors_and_saved_once_beside_the_package(forward, tmp_path):
+    exported, _, program = forward
+    state = exported.program.state_dict
+    assert program.constants and all(program.constants[name] is tensor for name, tensor in state.items()
+                                     if name in program.constants)  # the runner reads them, no copy
+    archive = zipfile.ZipFile(io.BytesIO(bytes(program.package)))
+    library = b"".join(archive.read(info) for info in archive.infolist() if info.filename.endswith(".so"))
+    random = [t for t in state.values() if t.is_floating_point() and t.numel() >= 16 and t.std() > 0]
+    assert library and random and not any(t.detach().numpy().tobytes()[:64] in library
+                                          for t in random)  # no weight's bytes inside the library
+    path = hfx.save(tmp_path / "llama", program)
+    entry = json.loads((path / "hfx.json").read_text())["components"]["model"]
+    assert entry["files"] == ["model.pt2", "model.safetensors"]
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), framework="pt") as weights:
+        stored = set(weights.keys())  # noqa: SIM118
+    assert stored | set(entry["aliases"]) == set(program.constants) and not stored & set(entry["aliases"])
+    loaded = hfx.load(path, trust=True)
+    assert all(torch.equal(loaded.constants[name], tensor) for name, tensor in program.constants.items())
+    inputs = new_inputs("llama")
+    assert torch.equal(loaded(**inputs).logits, program(**inputs).logits)
 
 
 _FRESH = textwrap.dedent(
