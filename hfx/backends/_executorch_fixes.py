@@ -608,6 +608,39 @@ def patch_dim_order_of_data_dependent_strides() -> Iterator[None]:
         yield
 
 
+def _symbolic_view_of_a_static_base(node: torch.fx.Node) -> bool:
+    """Whether ``node`` views a tensor of static shape into a shape torch writes with symbols."""
+    base = node.args[0] if node.args else None
+    value, base_value = node.meta.get("val"), getattr(base, "meta", {}).get("val")
+    if not isinstance(value, torch.Tensor) or not isinstance(base_value, torch.Tensor):
+        return False
+    return (all(isinstance(size, int) for size in base_value.shape)
+            and any(isinstance(size, torch.SymInt) for size in value.shape))
+
+
+@contextlib.contextmanager
+def patch_view_copies_of_static_bases_kept() -> Iterator[None]:
+    """Keep a ``view_copy`` a copy where it views a tensor of static shape into a shape written with symbols.
+
+    executorch 1.5.1's ``ReplaceViewCopyWithViewPass`` (in ``to_executorch``) makes every
+    ``view_copy`` a view sharing its base's memory plan, and refuses one whose shape is dynamic
+    over a static base: "_ViewSpec is incompatible with its base on creation. It has
+    shape_dynamism=1, but its base has shape_dynamism=0". PVT's position embeddings (a
+    parameter) are viewed by sizes computed from the image's, whose product torch knows to be the
+    parameter's but writes with the image's symbols. Such a node stays a ``view_copy``: the same
+    values, one small copy. Delete when the pass gives such a view a static spec.
+    """
+    from executorch.exir.passes import replace_view_copy_with_view_pass as views
+
+    original = vars(views)["_is_view_copy"]
+
+    def is_view_copy(node: torch.fx.Node) -> bool:
+        return original(node) and not _symbolic_view_of_a_static_base(node)
+
+    with swap_attr(views, "_is_view_copy", is_view_copy):
+        yield
+
+
 # The patches ``lower_to_pte`` enters around ExecuTorch's lowering (``to_edge_transform_and_lower``,
 # ``to_executorch``), in order. Read, extend or replace: ``lower_to_pte(patches=(*PTE_PATCHES, my_patch))``.
 PTE_PATCHES: tuple[Patch, ...] = (
@@ -621,6 +654,7 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_sdpa_decomposition_layout,
     patch_exact_upper_bounds,
     patch_dim_order_of_data_dependent_strides,
+    patch_view_copies_of_static_bases_kept,
     patch_export_pass_skips_unchanged_retraces,
     patch_bilinear_patterns_not_built_when_kept_whole,
     patch_decompositions_in_one_retrace,

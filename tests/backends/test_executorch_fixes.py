@@ -27,6 +27,7 @@ from hfx.backends._executorch_fixes import (  # noqa: E402
     patch_edge_decomposition_table,
     patch_edge_validator_list_returns,
     patch_dim_order_of_data_dependent_strides,
+    patch_view_copies_of_static_bases_kept,
     patch_edge_verifier_sym_functions,
     patch_exact_upper_bounds,
     patch_sdpa_decomposition_layout,
@@ -540,6 +541,36 @@ def test_without_the_dim_order_patch_executorch_still_guards_on_the_size():
     """Canary: when this fails, ExecuTorch orders strides of data-dependent sizes and the patch can go."""
     with pytest.raises(hfx.LoweringError, match="Could not guard on data-dependent expression"):
         lower_to_pte(_stacked_rows_exported(), patches=_without(patch_dim_order_of_data_dependent_strides))
+
+
+class _PositionGrid(torch.nn.Module):
+    """PVT's position embeddings in small: a static parameter reshaped by the image's patch grid, then resized."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.position_embeddings = torch.nn.Parameter(torch.randn(1, 16, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        height, width = pixel_values.shape[2] // 4, pixel_values.shape[3] // 4
+        grid = self.position_embeddings.reshape(1, height, width, -1).permute(0, 3, 1, 2)
+        return pixel_values[:, :4, ::4, ::4] + torch.nn.functional.interpolate(grid, size=(height, width),
+                                                                               mode="bilinear")
+
+
+def _position_grid_exported() -> hfx.Exported:
+    return hfx.export(hfx.capture({"pixel_values": torch.randn(2, 4, 16, 16)}, _PositionGrid()))
+
+
+def test_a_symbolic_view_of_a_static_parameter_lowers_and_matches_eager():
+    program = lower_to_pte(_position_grid_exported())
+    x = torch.randn(3, 4, 16, 16, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(program(pixel_values=x), _PositionGrid()(x))
+
+
+def test_without_the_view_copy_patch_executorch_still_refuses_the_view():
+    """Canary: when this fails, ExecuTorch plans such a view itself and the patch can go."""
+    with pytest.raises(hfx.LoweringError, match="_ViewSpec is incompatible with its base"):
+        lower_to_pte(_position_grid_exported(), patches=_without(patch_view_copies_of_static_bases_kept))
 
 
 def test_the_stable_dim_order_sorts_known_strides_and_keeps_unknown_pairs():

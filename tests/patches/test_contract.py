@@ -305,6 +305,8 @@ ROWS = (
                        (_owner("executorch.exir.passes.sym_shape_eval_pass"), "eval_upper_bound")]),
     Row(patch=_pte_fixes.patch_dim_order_of_data_dependent_strides, needs="executorch",
         slots=lambda: [(_owner(name), "dim_order_from_stride") for name in _pte_fixes._DIM_ORDER_USERS]),  # noqa: SLF001
+    Row(patch=_pte_fixes.patch_view_copies_of_static_bases_kept, needs="executorch",
+        slots=lambda: [(_owner("executorch.exir.passes.replace_view_copy_with_view_pass"), "_is_view_copy")]),
     Row(patch=_pte_fixes.patch_sdpa_decomposition_layout, adds=True,
         slots=lambda: [(_owner("torch._decomp", "decomposition_table"),
                         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)]),  # noqa: SLF001
