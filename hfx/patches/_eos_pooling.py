@@ -1,8 +1,9 @@
 """BART-style sequence classification pooled at the last ``<eos>`` by a gather, not a boolean index.
 
-BART, MBart, PLBart, MVP and BigBird-Pegasus (transformers 5.22-5.24) classify a sequence by the
-decoder's hidden state at its last ``<eos>``: ``hidden_states[eos_mask, :]`` keeps a data-dependent
-number of rows, then ``.view(batch, -1, hidden)[:, -1, :]`` takes each row's last. torch.export
+BART, MBart, PLBart, MVP, BigBird-Pegasus, T5, mT5 and UMT5 (transformers 5.22-5.24) classify a
+sequence by the decoder's hidden state at its last ``<eos>``: ``hidden_states[eos_mask, :]``
+(``sequence_output[eos_mask, :]`` in the T5 family) keeps a data-dependent number of rows, then
+``.view(batch, -1, hidden)[:, -1, :]`` takes each row's last. torch.export
 traces it with an unbacked row count, but ExecuTorch's edge retrace cannot view that count by the
 batch ("GuardOnDataDependentSymNode: Could not guard on data-dependent expression
 ((u7//2)) <= 0"), and every runtime gets a data-dependent shape where a gather does.
@@ -13,14 +14,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from hfx.patches._core import source_contains, swap_attr
+from hfx.patches._core import swap_attr
 
-_PATTERN = "hidden_states[eos_mask, :]"
+_PATTERN = re.compile(r"\b(hidden_states|sequence_output)\[eos_mask, :\]")
 
 
 def rows_at_last_true(hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -47,12 +49,30 @@ def _eos_pooled(forward: Callable[..., Any]) -> Callable[..., Any]:
                            labels: torch.Tensor | None = None, **kwargs: Any) -> Any:
         if labels is not None or input_ids is None or args or "return_dict" in kwargs:  # the loss, an error, a tuple
             return forward(self, input_ids, *args, labels=labels, **kwargs)
-        outputs = self.model(input_ids, **kwargs)
+        outputs = _seq2seq_outputs(self, input_ids, kwargs)
         hidden_states = outputs[0]
         logits = self.classification_head(rows_at_last_true(hidden_states, input_ids.eq(self.config.eos_token_id)))
         return _classifier_output(forward, logits, outputs)
 
     return eos_pooled_forward
+
+
+def _seq2seq_outputs(self: torch.nn.Module, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+    """The encoder-decoder's outputs as the classifier's forward runs it: BART's ``self.model`` makes its own
+    decoder inputs; the T5 family's ``self.transformer`` gets ``input_ids`` shifted right."""
+    if hasattr(self, "model"):
+        return self.model(input_ids, **kwargs)
+    if kwargs.get("decoder_input_ids") is None and kwargs.get("decoder_inputs_embeds") is None:
+        kwargs = {**kwargs, "decoder_input_ids": self._shift_right(input_ids)}
+    return self.transformer(input_ids, **kwargs)
+
+
+def _pools_at_eos(function: Any) -> bool:
+    """Whether ``function``'s source selects the decoder's rows at the ``<eos>`` mask (the pattern)."""
+    try:
+        return bool(_PATTERN.search(inspect.getsource(function)))
+    except (OSError, TypeError):
+        return False
 
 
 def _classifier_output(forward: Callable[..., Any], logits: torch.Tensor, outputs: Any) -> Any:
@@ -76,15 +96,15 @@ def patch_eos_pooling_gather(model: torch.nn.Module) -> Iterator[None]:
     """Pool BART-style sequence classifiers at the last ``<eos>`` with ``rows_at_last_true`` in the block.
 
     Model pattern: a ``...ForSequenceClassification.forward`` that selects ``hidden_states[eos_mask, :]``
-    (BART, MBart, PLBart, MVP, BigBird-Pegasus; transformers 5.22-5.24). The same logits where eager
-    runs; a call with ``labels`` runs the original forward. A no-op for other models. Delete when
-    transformers gathers the last ``<eos>``.
+    (BART, MBart, PLBart, MVP, BigBird-Pegasus) or ``sequence_output[eos_mask, :]`` (T5, mT5, UMT5;
+    transformers 5.22-5.24). The same logits where eager runs; a call with ``labels`` runs the
+    original forward. A no-op for other models. Delete when transformers gathers the last ``<eos>``.
 
     Args:
         model: the model to export; only the classes of its modules are patched.
     """
     owners = [type(m) for m in model.modules()
-              if source_contains(vars(type(m)).get("forward"), _PATTERN)
+              if _pools_at_eos(vars(type(m)).get("forward"))
               and "Seq2SeqSequenceClassifierOutput" in inspect.unwrap(vars(type(m))["forward"]).__globals__]
     with contextlib.ExitStack() as stack:
         for owner in dict.fromkeys(owners):

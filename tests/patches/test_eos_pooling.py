@@ -11,7 +11,8 @@ from hfx.patches import patch_eos_pooling_gather, rows_at_last_true
 from tests.helpers import assert_leaves_forwards, forward_report_at_a_new_shape
 
 BART_FAMILY = ["sequence-classification:bart", "sequence-classification:mbart", "sequence-classification:plbart",
-               "sequence-classification:mvp"]
+               "sequence-classification:mvp", "sequence-classification:t5", "sequence-classification:mt5",
+               "sequence-classification:umt5"]
 
 
 def test_the_gather_takes_each_rows_last_true_as_the_boolean_index_does():
@@ -51,6 +52,7 @@ def test_a_call_with_labels_keeps_the_loss():
     assert_leaves_forwards(patch_eos_pooling_gather, zoo.build("llama"))
 
 
-def test_mbart_classifier_lowers_to_executorch_and_matches_eager_at_another_shape():
-    report = forward_report_at_a_new_shape(BART_FAMILY[1], hfx.lower_to_pte)
+@pytest.mark.parametrize("name", ["sequence-classification:mbart", "sequence-classification:mt5"])
+def test_the_classifier_lowers_to_executorch_and_matches_eager_at_another_shape(name):
+    report = forward_report_at_a_new_shape(name, hfx.lower_to_pte)
     assert report.passed, report
