@@ -52,7 +52,7 @@ def test_a_call_with_labels_keeps_the_loss():
     assert_leaves_forwards(patch_eos_pooling_gather, zoo.build("llama"))
 
 
-@pytest.mark.parametrize("name", ["sequence-classification:mbart", "sequence-classification:mt5"])
-def test_the_classifier_lowers_to_executorch_and_matches_eager_at_another_shape(name):
-    report = forward_report_at_a_new_shape(name, hfx.lower_to_pte)
+def test_the_classifier_lowers_to_executorch_and_matches_eager_at_another_shape():
+    # mT5's: its encoder-decoder is called as the T5 family's (BART's passes in the coverage record)
+    report = forward_report_at_a_new_shape("sequence-classification:mt5", hfx.lower_to_pte)
     assert report.passed, report
