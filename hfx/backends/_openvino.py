@@ -407,8 +407,7 @@ def _convert(exported: Exported, graph_fixes: tuple[OvGraphFix, ...]) -> Any:
     module.recompile()
     model = openvino.convert_model(TorchFXPythonDecoder(module, dynamic_shapes=True))
     _own_constants(model)
-    read = [spec for spec, node in zip(exported.io.inputs, _placeholders(module)) if node.users]
-    inputs = read if len(read) == len(model.inputs) else list(exported.io.inputs)
+    inputs = _kept_input_specs(model, exported.io, _placeholders(module))
     _name_ports(model, exported.io, inputs)
     model.reshape({port: _partial_shape(spec, exported.io) for port, spec in zip(model.inputs, inputs)})
     return model
@@ -457,6 +456,22 @@ def _own_constants(model: Any) -> None:
         for key, value in node.get_rt_info().items():
             copy.set_rt_info(value, key)
         node.output(0).replace(copy.output(0))
+
+
+def _kept_input_specs(model: Any, io: IoSpec, placeholders: list[Any]) -> list[TensorSpec]:
+    """The specs of the inputs the converted ``model`` kept, in its order.
+
+    OpenVINO drops inputs no operation reads, but not always the ones the FX graph leaves unread
+    (PP-FormulaNet's unused ``attention_mask`` stayed and its unused ``input_ids`` went): the model's
+    inputs are matched by the placeholder names the frontend gives them, or else taken to be the
+    graph's read inputs (or every input) in order.
+    """
+    by_name = {node.name: spec for spec, node in zip(io.inputs, placeholders, strict=True)}
+    named = [next((by_name[name] for name in port.get_names() if name in by_name), None) for port in model.inputs]
+    if all(spec is not None for spec in named) and len({id(spec) for spec in named}) == len(named):
+        return named
+    read = [spec for spec, node in zip(io.inputs, placeholders, strict=True) if node.users]
+    return read if len(read) == len(model.inputs) else list(io.inputs)
 
 
 def _name_ports(model: Any, io: IoSpec, inputs: list[TensorSpec]) -> None:

@@ -293,3 +293,22 @@ def test_the_snippets_probe_agrees_with_the_llama_compiled_with_snippets():
     with torch.no_grad():
         want = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     assert (not torch.allclose(got, want, rtol=1e-3, atol=1e-3)) is snippets_miscompute_zeroed_attention()
+
+
+def test_the_kept_inputs_are_matched_by_name_where_openvino_keeps_an_unread_one():
+    # PP-FormulaNet's forward reads neither input_ids nor attention_mask; OpenVINO dropped the first and kept the second
+    from types import SimpleNamespace
+
+    from hfx._records import IoSpec, TensorSpec
+    from hfx.backends._openvino import _kept_input_specs
+
+    specs = tuple(TensorSpec(name=name, dtype="int64", shape=("batch", "sequence"))
+                  for name in ("input_ids", "attention_mask", "decoder_input_ids"))
+    io = IoSpec(inputs=specs, outputs=specs[:1], in_spec="", out_spec="")
+    placeholders = [SimpleNamespace(name=spec.name, users={} if spec.name != "decoder_input_ids" else {"embedding": None})
+                    for spec in specs]
+    model = SimpleNamespace(inputs=[SimpleNamespace(get_names=lambda name=name: {name})
+                                    for name in ("attention_mask", "decoder_input_ids")])
+    assert _kept_input_specs(model, io, placeholders) == [specs[1], specs[2]]
+    unnamed = SimpleNamespace(inputs=[SimpleNamespace(get_names=set)])
+    assert _kept_input_specs(unnamed, io, placeholders) == [specs[2]]  # the read one, where names do not tell
