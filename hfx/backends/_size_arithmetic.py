@@ -76,8 +76,8 @@ def floor_divisions_of_signed_sizes(graph: Any, /, *, shift: int = INT64_SHIFT) 
         with graph.inserting_before(node):
             # shift // b and its multiple of b: both operands positive, so every runtime rounds them alike
             times = shift // divisor if isinstance(divisor, int) else sym_node(graph, operator.floordiv, shift, divisor)
-            shift = divisor * times if isinstance(divisor, int) else sym_node(graph, operator.mul, divisor, times)
-            shifted = sym_node(graph, operator.add, dividend, shift)
+            offset = divisor * times if isinstance(divisor, int) else sym_node(graph, operator.mul, divisor, times)
+            shifted = sym_node(graph, operator.add, dividend, offset)
             result = sym_node(graph, operator.sub, sym_node(graph, operator.floordiv, shifted, divisor), times)
         result.meta.update(node.meta)
         node.replace_all_uses_with(result)

@@ -6,6 +6,7 @@ and OpenVINO's CPU plugin rounded it toward zero, so an output came out one row 
 
 from __future__ import annotations
 
+import copy
 import operator
 
 import pytest
@@ -33,6 +34,15 @@ class _CeilingRows(torch.nn.Module):
 class _FloorRows(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return input_ids.new_ones(input_ids.shape[0], input_ids.shape[1] // 4 + 1)
+
+
+class _TwoCeilings(torch.nn.Module):
+    """``ceil(sequence / batch)`` then ``ceil(sequence / 4)`` rows: a symbolic divisor before a constant one."""
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, sequence = input_ids.shape
+        per_row = input_ids.new_ones(-((-sequence) // batch))
+        return per_row, input_ids.new_ones(-((-sequence) // 4))
 
 
 def _exported(module: torch.nn.Module) -> hfx.Exported:
@@ -72,3 +82,14 @@ def test_without_the_fix_openvino_still_rounds_toward_zero():
     fixes = tuple(f for f in OV_GRAPH_FIXES if f is not floor_divisions_in_float_range)
     program = hfx.lower_to_ov(_exported(_CeilingRows()), graph_fixes=fixes)
     assert _rows(program, 7) == 1  # eager: 2
+
+
+@pytest.mark.parametrize("lower", [hfx.lower_to_onnx, hfx.lower_to_ov], ids=["onnx", "ov"])
+def test_each_division_gets_its_own_shift(lower):
+    # the shift of one rewritten division (a node, for a symbolic divisor) must not become the next one's
+    exported = _exported(_TwoCeilings())
+    assert floor_divisions_of_signed_sizes(copy.deepcopy(exported.program.graph_module).graph) == 2
+    program = lower(exported)
+    for batch, length in ((2, 7), (3, 11), (4, 13)):
+        per_row, quarters = program(input_ids=torch.ones(batch, length, dtype=torch.long))
+        assert (per_row.shape[0], quarters.shape[0]) == (-(-length // batch), -(-length // 4))
