@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import inspect
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from hfx.patches._core import defining_modules, size_at_trace, swap_item
+from hfx.patches._core import defining_modules, size_at_trace, source_contains, swap_item
 
 _CHUNK_LOOP = re.compile(r"\bin range\([^(),]+,[^(),]+,[^(),]+\)")
 
@@ -44,13 +43,6 @@ def one_chunk_range(*args: Any) -> range:
     return builtins.range(*args)
 
 
-def _loops_over_chunks(module: Any) -> bool:
-    try:
-        return bool(_CHUNK_LOOP.search(inspect.getsource(module)))
-    except (OSError, TypeError):
-        return False
-
-
 @contextlib.contextmanager
 def patch_one_chunk_loops(model: torch.nn.Module) -> Iterator[None]:
     """Give the modules that loop over ``range(start, stop, step)`` ``one_chunk_range`` in the block.
@@ -67,7 +59,7 @@ def patch_one_chunk_loops(model: torch.nn.Module) -> Iterator[None]:
         model: the model to export; the modules that define its classes are patched.
     """
     spaces = [vars(module) for module in defining_modules(model)
-              if not module.__name__.startswith(("torch.", "hfx.")) and _loops_over_chunks(module)]
+              if not module.__name__.startswith(("torch.", "hfx.")) and source_contains(module, _CHUNK_LOOP)]
     with contextlib.ExitStack() as stack:
         for space in spaces:
             stack.enter_context(swap_item(space, "range", one_chunk_range))

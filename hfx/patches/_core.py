@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any, ContextManager
@@ -121,12 +122,14 @@ def size_at_trace(size: int | Any) -> int:
     return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
 
 
-def source_contains(function: Any, text: str) -> bool:
-    """Whether ``function``'s source holds ``text`` (False where the source cannot be read): how a patch finds its model pattern."""
+def source_contains(function: Any, text: str | re.Pattern[str]) -> bool:
+    """Whether ``function``'s (or a module's) source holds ``text``, or a match of it where it is a compiled
+    pattern (False where the source cannot be read): how a patch finds its model pattern."""
     try:
-        return text in inspect.getsource(function)
+        source = inspect.getsource(function)
     except (OSError, TypeError):
         return False
+    return bool(text.search(source)) if isinstance(text, re.Pattern) else text in source
 
 
 def defining_modules(model: Any) -> set[Any]:

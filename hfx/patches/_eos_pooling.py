@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hfx.patches._core import swap_attr
+from hfx.patches._core import source_contains, swap_attr
 
 _PATTERN = re.compile(r"\b(hidden_states|sequence_output)\[eos_mask, :\]")
 
@@ -67,14 +67,6 @@ def _seq2seq_outputs(self: torch.nn.Module, input_ids: torch.Tensor, kwargs: dic
     return self.transformer(input_ids, **kwargs)
 
 
-def _pools_at_eos(function: Any) -> bool:
-    """Whether ``function``'s source selects the decoder's rows at the ``<eos>`` mask (the pattern)."""
-    try:
-        return bool(_PATTERN.search(inspect.getsource(function)))
-    except (OSError, TypeError):
-        return False
-
-
 def _classifier_output(forward: Callable[..., Any], logits: torch.Tensor, outputs: Any) -> Any:
     """The ``Seq2SeqSequenceClassifierOutput`` ``forward`` returns, with ``logits`` and ``outputs``' fields."""
     output_class = inspect.unwrap(forward).__globals__["Seq2SeqSequenceClassifierOutput"]
@@ -104,7 +96,7 @@ def patch_eos_pooling_gather(model: torch.nn.Module) -> Iterator[None]:
         model: the model to export; only the classes of its modules are patched.
     """
     owners = [type(m) for m in model.modules()
-              if _pools_at_eos(vars(type(m)).get("forward"))
+              if source_contains(vars(type(m)).get("forward"), _PATTERN)
               and "Seq2SeqSequenceClassifierOutput" in inspect.unwrap(vars(type(m))["forward"]).__globals__]
     with contextlib.ExitStack() as stack:
         for owner in dict.fromkeys(owners):
