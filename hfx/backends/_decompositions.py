@@ -137,6 +137,17 @@ def polynomial_erfinv(self: torch.Tensor) -> Any:
     return giles_erfinv(self, TORCH_OPS) if self.is_floating_point() else NotImplemented
 
 
+def crops(pad: Any) -> bool:
+    """Whether a ``constant_pad_nd`` padding is all ints with a negative entry: the pads ``cropping_constant_pad``
+    rewrites (it returns the op as it is for any other).
+
+    Example:
+        >>> crops([1, -1]), crops([1, 1])
+        (True, False)
+    """
+    return all(isinstance(p, int) for p in pad) and min(pad, default=0) < 0
+
+
 def cropping_constant_pad(self: torch.Tensor, pad: list[int], value: float = 0.0) -> Any:
     """``aten.constant_pad_nd`` with negative entries (a crop) as a pad of the positive ones, then slices;
     ``NotImplemented`` (the op as it is) when no entry is a negative int.
@@ -149,7 +160,7 @@ def cropping_constant_pad(self: torch.Tensor, pad: list[int], value: float = 0.0
         >>> cropping_constant_pad(torch.arange(4.0)[None], [1, -1]).tolist()
         [[0.0, 0.0, 1.0, 2.0]]
     """
-    if not all(isinstance(p, int) for p in pad) or min(pad, default=0) >= 0:
+    if not crops(pad):
         return NotImplemented
     positive = [max(p, 0) for p in pad]
     output = torch.ops.aten.constant_pad_nd.default(self, positive, value) if any(positive) else self
@@ -160,6 +171,16 @@ def cropping_constant_pad(self: torch.Tensor, pad: list[int], value: float = 0.0
             end = output.shape[dim] + min(after, 0)
             output = torch.ops.aten.slice.Tensor(output, dim, -min(before, 0), end)
     return output
+
+
+def _crops_node(node: torch.fx.Node) -> bool:
+    """Whether ``cropping_constant_pad`` rewrites this ``constant_pad_nd`` call of a graph (its padding crops)."""
+    return crops(node.args[1])
+
+
+# Which calls the entry rewrites: a pass that asks whether a table would change a graph reads it
+# (``hfx.backends._executorch_retraces.decomposes_nothing``); on every other call the entry is the op as it is.
+cropping_constant_pad.applies_to = _crops_node  # type: ignore[attr-defined]
 
 
 # The decompositions of the ATen ops that OpenVINO's frontend or ExecuTorch's kernels lack (module docstring).

@@ -80,13 +80,13 @@ def test_the_program_is_the_same_bytes_with_and_without_the_patch(monkeypatch):
     assert sum(skips) >= 10  # XNNPACK's no-op passes over each partition, at least
 
 
-def _block_lowered_with_and_without(patch, check_name: str, monkeypatch) -> list[bool]:
-    """Lower ``_Block`` with every patch and without ``patch``: the same bytes, eager's values at another batch.
-    Returns what the patch's check ``_executorch_retraces.<check_name>`` answered in the patched lowering."""
+def _block_lowered_with_and_without(patch, check_name: str, monkeypatch, block=None) -> list[bool]:
+    """Lower ``block`` (a ``_Block``) with every patch and without ``patch``: the same bytes, eager's values at another
+    batch. Returns what the patch's check ``_executorch_retraces.<check_name>`` answered in the patched lowering."""
     from hfx.backends import _executorch_retraces
 
     torch.manual_seed(0)
-    block = _Block().eval()
+    block = (block or _Block()).eval()
     shapes = hfx.DynamicShapes(axes={"values": {0: "batch"}}, bounds={"batch": (1, 8)})
     exported = hfx.export(hfx.capture({"values": torch.randn(3, 6)}, block, dynamic_shapes=shapes))
     answers = []
@@ -173,6 +173,42 @@ def test_an_empty_decomposition_returns_the_program_and_a_lowering_is_the_same_b
     assert not hasattr(torch.export.ExportedProgram.run_decompositions, "hfx_skips_empty")  # put back
     assert any(_block_lowered_with_and_without(patch_decompositions_skipped_when_nothing_decomposes,
                                                "decomposes_nothing", monkeypatch))
+
+
+class _Pad(torch.nn.Module):
+    """A linear layer whose features are padded at the end (as Mamba 2 pads its sequence to whole chunks) or cropped
+    (a negative pad, RWKV's token shift)."""
+
+    def __init__(self, pad):
+        super().__init__()
+        self.linear, self.pad = torch.nn.Linear(6, 6), pad
+
+    def forward(self, values):
+        return torch.nn.functional.pad(self.linear(values), self.pad)
+
+
+@pytest.mark.parametrize(("pad", "declined"), [((0, 2), True), ((1, -1), False)])
+def test_a_pad_that_hfxs_cropping_decomposition_declines_is_nothing_to_decompose(pad, declined):
+    from executorch.exir.program import _program
+
+    from hfx.backends._executorch_fixes import patch_edge_decomposition_table
+
+    with patch_edge_decomposition_table():
+        table = _program._default_decomposition_table()
+    without_pad = {op: entry for op, entry in table.items() if op is not torch.ops.aten.constant_pad_nd.default}
+    program = torch.export.export(_Pad(pad), (torch.randn(3, 6),)).run_decompositions(without_pad)
+    assert decomposes_nothing(program, without_pad)
+    assert decomposes_nothing(program, table) is declined
+    decomposed = program.run_decompositions(table)
+    assert decomposes_nothing(decomposed, table)
+    pads = [node for node in decomposed.graph.nodes if node.target is torch.ops.aten.constant_pad_nd.default]
+    assert len(pads) == 1 and list(pads[0].args[1]) == ([0, 2] if declined else [1, 0])  # kept / cropped positive
+
+
+def test_a_lowering_that_skips_the_declined_pads_decomposition_is_the_same_bytes(monkeypatch):
+    answers = _block_lowered_with_and_without(patch_decompositions_skipped_when_nothing_decomposes,
+                                              "decomposes_nothing", monkeypatch, block=_Pad((0, 2)))
+    assert answers.count(True) >= 2  # ExecuTorch's two decompositions after the one that functionalised
 
 
 def _retraces(monkeypatch, patches) -> int:
