@@ -189,11 +189,27 @@ def _guard_ranged(
     ranged = DynamicShapes(axes=shapes.axes, bounds=bounds)
     from torch.utils._sympy.value_ranges import ValueRanges
 
+    shape_env = _shape_env(program)
     for symbol, name in _symbol_names(program, flat.kwargs, ranged).items():
         if name in pinned:
             lo, hi = bounds[name]
             program._range_constraints[symbol] = ValueRanges(lo, int(hi) if hi is not None else sympy.oo)  # noqa: SLF001
+            if hi is not None and shape_env is not None:
+                # The tensors' sizes read their ranges from the shape environment, not from range_constraints: an
+                # automatic dim's stays unbounded there, and ExecuTorch, which plans memory at the sizes' upper
+                # bounds, planned LED's and LongT5's inputs at their traced size (2 x 7; "Attempted to resize a
+                # bounded tensor" at 3 x 11). Only the upper bound: torch traced the dim at >= 2.
+                shape_env._update_var_to_range(symbol, ValueRanges(-sympy.oo, int(hi)))  # noqa: SLF001
     return program, ranged
+
+
+def _shape_env(program: torch.export.ExportedProgram) -> Any:
+    """The shape environment ``program``'s tensors share (that of its first input with one), or None."""
+    for node in program.graph.nodes:
+        shape_env = getattr(getattr(node.meta.get("val"), "fake_mode", None), "shape_env", None)
+        if node.op == "placeholder" and shape_env is not None:
+            return shape_env
+    return None
 
 
 # (query dim, cached dim, the mask's dim): a mask spanning the cached tokens and the new ones.

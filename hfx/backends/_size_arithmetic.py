@@ -1,6 +1,6 @@
 """Size arithmetic in an exported FX graph, rewritten so every runtime computes it as torch does.
 
-Shared by the ONNX and OpenVINO lowerings (``ONNX_FIXES``, ``OV_GRAPH_FIXES``); nothing here imports
+Shared by the ONNX, OpenVINO and ExecuTorch lowerings (``ONNX_FIXES``, ``OV_GRAPH_FIXES``, ``lower_to_pte``); nothing here imports
 a runtime.
 """
 
@@ -56,6 +56,27 @@ def _at_least(value: Any, least: int) -> bool:
         return False
 
 
+def _shifted_dividends(graph: Any, target: Callable[[Any, Any], Any], shift: int,
+                       result_of: Callable[[Any, Any, Any, Any], Any]) -> int:
+    """Rewrite each ``target(a, b)`` on sizes whose dividend ``a`` may be negative and whose divisor ``b`` is positive
+    as ``result_of(graph, a + b * k, b, k)``, ``k = shift // b``; returns how many were rewritten."""
+    rewritten = 0
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is target]:
+        dividend, divisor = node.args
+        if not (is_size(dividend) and is_size(divisor)) or _at_least(dividend, 0) or not _at_least(divisor, 1):
+            continue
+        with graph.inserting_before(node):
+            # shift // b and its multiple of b: both operands positive, so every runtime rounds them alike
+            times = shift // divisor if isinstance(divisor, int) else sym_node(graph, operator.floordiv, shift, divisor)
+            offset = divisor * times if isinstance(divisor, int) else sym_node(graph, operator.mul, divisor, times)
+            result = result_of(graph, sym_node(graph, operator.add, dividend, offset), divisor, times)
+        result.meta.update(node.meta)
+        node.replace_all_uses_with(result)
+        graph.erase_node(node)
+        rewritten += 1
+    return rewritten
+
+
 def floor_divisions_of_signed_sizes(graph: Any, /, *, shift: int = INT64_SHIFT) -> int:
     """Rewrite ``a // b`` on sizes whose dividend may be negative as ``(a + b * k) // b - k``, ``k = shift // b``.
 
@@ -68,19 +89,20 @@ def floor_divisions_of_signed_sizes(graph: Any, /, *, shift: int = INT64_SHIFT) 
     Divisions whose dividend torch knows is never negative, or whose divisor may not be positive, are
     left as they are. Returns how many were rewritten.
     """
-    rewritten = 0
-    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is operator.floordiv]:
-        dividend, divisor = node.args
-        if not (is_size(dividend) and is_size(divisor)) or _at_least(dividend, 0) or not _at_least(divisor, 1):
-            continue
-        with graph.inserting_before(node):
-            # shift // b and its multiple of b: both operands positive, so every runtime rounds them alike
-            times = shift // divisor if isinstance(divisor, int) else sym_node(graph, operator.floordiv, shift, divisor)
-            offset = divisor * times if isinstance(divisor, int) else sym_node(graph, operator.mul, divisor, times)
-            shifted = sym_node(graph, operator.add, dividend, offset)
-            result = sym_node(graph, operator.sub, sym_node(graph, operator.floordiv, shifted, divisor), times)
-        result.meta.update(node.meta)
-        node.replace_all_uses_with(result)
-        graph.erase_node(node)
-        rewritten += 1
-    return rewritten
+    return _shifted_dividends(graph, operator.floordiv, shift, lambda graph, shifted, divisor, times: sym_node(
+        graph, operator.sub, sym_node(graph, operator.floordiv, shifted, divisor), times))
+
+
+def remainders_of_signed_sizes(graph: Any, /, *, shift: int = INT64_SHIFT) -> int:
+    """Rewrite ``a % b`` on sizes whose dividend may be negative as ``(a + b * k) % b``, ``k = shift // b``.
+
+    torch takes Python's remainder (the divisor's sign: ``(-7) % 4 == 1``); ExecuTorch 1.5.1's
+    ``executorch_prim::mod.Scalar`` takes C's (the dividend's: -3). torch writes the padding up to a
+    whole block as ``(-n) % block`` (LongT5's local attention blocks, ``n + (-n) % k``): a
+    ``.pte`` padded by a negative amount ("Padding values must be non-negative") or divided a size by
+    the zero it made (SIGFPE). Shifted by a multiple of the positive divisor, the dividend is positive,
+    where both remainders agree (down to ``-shift``); the same cases as ``floor_divisions_of_signed_sizes``
+    are left as they are. Returns how many were rewritten.
+    """
+    return _shifted_dividends(graph, operator.mod, shift,
+                              lambda graph, shifted, divisor, times: sym_node(graph, operator.mod, shifted, divisor))

@@ -194,6 +194,27 @@ def test_longt5_keeps_its_sequence_dynamic_within_one_block():
     assert hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported).passed
 
 
+class _OneBlock(torch.nn.Module):
+    """Tokens padded to blocks of 8 that branch on there being one block: torch's guard holds for 1 to 8 tokens,
+    which named dims cannot state, so the dim is ranged by its guards (as LongT5's and LED's blocks are)."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        padded = torch.nn.functional.pad(input_ids, (0, (-input_ids.shape[1]) % 8))
+        blocks = padded.view(input_ids.shape[0], -1, 8)
+        if blocks.shape[1] == 1:
+            return blocks.sum(-1)
+        return blocks.amax(-1)
+
+
+def test_a_dim_ranged_by_its_guards_has_its_bound_where_the_tensors_read_it():
+    exported = hfx.export(hfx.capture({"input_ids": torch.ones(2, 7, dtype=torch.long)}, _OneBlock()))
+    assert exported.io.bounds["sequence"] == (1, 8)
+    sequence = next(n for n in exported.program.graph.nodes if n.op == "placeholder").meta["val"].shape[1]
+    # Not only in range_constraints: ExecuTorch plans memory at the bounds the shape environment holds, and
+    # planned LED's inputs at the capture's size ("Attempted to resize a bounded tensor" at 3 x 11).
+    assert sequence.node.shape_env.bound_sympy(sequence.node.expr).upper == 8
+
+
 def test_export_maps_over_components(models):
     parts = hfx.Components(items={"a": hfx.capture({"input": torch.ones(2, 3)}, torch.nn.Linear(3, 1))})
     out = hfx.export(parts)

@@ -1,7 +1,8 @@
-"""Size arithmetic the runtimes compute as torch does: floor division of a size that may be negative.
+"""Size arithmetic the runtimes compute as torch does: floor division and remainder of a size that may be negative.
 
 torch writes a ceiling of a dynamic size as ``-((-n) // k)``; ONNX Runtime (torch.onnx's int64 ``Div``)
-and OpenVINO's CPU plugin rounded it toward zero, so an output came out one row short, silently.
+and OpenVINO's CPU plugin rounded it toward zero, so an output came out one row short, silently. It
+writes a padding up to whole blocks as ``(-n) % k``, whose remainder ExecuTorch took with the dividend's sign.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import hfx
-from hfx.backends._size_arithmetic import floor_divisions_of_signed_sizes
+from hfx.backends._size_arithmetic import floor_divisions_of_signed_sizes, remainders_of_signed_sizes
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("openvino")
@@ -45,6 +46,19 @@ class _TwoCeilings(torch.nn.Module):
         return per_row, input_ids.new_ones(-((-sequence) // 4))
 
 
+class _PaddedToBlocks(torch.nn.Module):
+    """Tokens padded up to whole blocks of 4 by ``(-n) % 4`` (as LongT5's local attention pads), summed per block."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        padded = torch.nn.functional.pad(input_ids, (0, (-input_ids.shape[1]) % 4))
+        return padded.view(input_ids.shape[0], -1, 4).sum(-1)
+
+
+class _RemainderRows(torch.nn.Module):
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return input_ids.new_ones(input_ids.shape[0], input_ids.shape[1] % 4 + 1)
+
+
 def _exported(module: torch.nn.Module) -> hfx.Exported:
     return hfx.export(hfx.capture({"input_ids": torch.ones(2, 7, dtype=torch.long)}, module))
 
@@ -56,12 +70,16 @@ def _rows(program, length: int) -> int:
 LENGTHS = (1, 4, 7, 9, 13, 1000)
 
 
-def test_only_divisions_of_a_possibly_negative_size_are_rewritten():
-    ceiling, floor = _exported(_CeilingRows()).program, _exported(_FloorRows()).program
-    assert floor_divisions_of_signed_sizes(floor.graph) == 0
-    assert floor_divisions_of_signed_sizes(ceiling.graph) == 1
-    divisions = [n for n in ceiling.graph.nodes if n.target is operator.floordiv]
-    assert len(divisions) == 1 and divisions[0].args[1] == 4  # the shifted dividend over the same divisor
+@pytest.mark.parametrize(("rewrite", "target", "signed", "unsigned"), [
+    (floor_divisions_of_signed_sizes, operator.floordiv, _CeilingRows, _FloorRows),
+    (remainders_of_signed_sizes, operator.mod, _PaddedToBlocks, _RemainderRows),
+], ids=["floordiv", "mod"])
+def test_only_arithmetic_on_a_possibly_negative_size_is_rewritten(rewrite, target, signed, unsigned):
+    rewritten, plain = _exported(signed()).program, _exported(unsigned()).program
+    assert rewrite(plain.graph) == 0
+    assert rewrite(rewritten.graph) == 1
+    nodes = [n for n in rewritten.graph.nodes if n.target is target]
+    assert len(nodes) == 1 and nodes[0].args[1] == 4  # the shifted dividend over the same divisor
 
 
 @pytest.mark.parametrize("lower", [hfx.lower_to_onnx, hfx.lower_to_ov], ids=["onnx", "ov"])
@@ -93,3 +111,27 @@ def test_each_division_gets_its_own_shift(lower):
     for batch, length in ((2, 7), (3, 11), (4, 13)):
         per_row, quarters = program(input_ids=torch.ones(batch, length, dtype=torch.long))
         assert (per_row.shape[0], quarters.shape[0]) == (-(-length // batch), -(-length // 4))
+
+
+# --- remainders: ExecuTorch's prim mod takes C's remainder ---------------------------------------------------
+
+
+def test_a_padding_up_to_whole_blocks_has_eagers_values_on_executorch():
+    pytest.importorskip("executorch")
+    module = _PaddedToBlocks()
+    program = hfx.lower_to_pte(_exported(module))
+    for length in (5, 7, 8, 9, 13):  # torch narrows the sequence to >= 5 (the blocks' view)
+        input_ids = torch.arange(3 * length).view(3, length)
+        assert torch.equal(program(input_ids=input_ids), module(input_ids)), length
+
+
+def test_without_the_rewrite_executorchs_remainder_still_takes_the_dividends_sign(monkeypatch):
+    """Canary: when this fails, ExecuTorch's ``executorch_prim::mod.Scalar`` takes Python's remainder and the
+    rewrite in ``lower_to_pte`` can go."""
+    pytest.importorskip("executorch")
+    from hfx.backends import _executorch
+
+    monkeypatch.setattr(_executorch, "remainders_of_signed_sizes", lambda graph: 0)
+    program = hfx.lower_to_pte(_exported(_PaddedToBlocks()))
+    with pytest.raises(hfx.LoweringError, match="InvalidArgument"):  # "Padding values must be non-negative"
+        program(input_ids=torch.ones(3, 7, dtype=torch.long))
