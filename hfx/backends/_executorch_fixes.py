@@ -641,6 +641,49 @@ def patch_view_copies_of_static_bases_kept() -> Iterator[None]:
         yield
 
 
+# --- empty tensors of a dynamic size ----------------------------------------------------------------
+
+
+def _symbolic_empty(op: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether an edge ``empty.memory_format`` call has a symbolic size and a contiguous (or no) memory format."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.pass_base import ProxyValue
+
+    if op is not exir_ops.edge.aten.empty.memory_format or not args:
+        return False
+    contiguous = kwargs.get("memory_format") in (None, torch.contiguous_format, torch.preserve_format)
+    return contiguous and any(isinstance(size, ProxyValue) for size in args[0])
+
+
+@contextlib.contextmanager
+def patch_symbolic_empties_as_zeros() -> Iterator[None]:
+    """Give an ``empty`` tensor of a dynamic size as a ``full`` of zeros, so that its size stays dynamic.
+
+    executorch 1.5.1's ``MemoryFormatOpsPass`` (in ``to_edge``) turns ``aten.empty.memory_format``
+    (``SymInt[] size``) into ``dim_order_ops._empty_dim_order``, whose schema takes ``int[] size``:
+    tracing it asks each symbolic size for an int, and torch specialises the dim to its traced
+    size for the whole program (``set_replacement s99 = 2``). The ``.pte`` was planned for the
+    capture's batch and refused another at ``set_inputs``. transformers fills buffers made with
+    ``torch.empty(batch, ...)`` in 360-odd places (RF-DETR's two-stage proposals, DeepSeek-V2's
+    latent keys). An empty tensor's values are unspecified, so zeros are one; ``full`` takes
+    ``SymInt[]`` and has an ExecuTorch kernel. An ``empty`` of static size or another memory format
+    is converted as before. Delete when ``_empty_dim_order`` takes ``SymInt[] size``.
+    """
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.passes.memory_format_ops_pass import MemoryFormatOpsPass
+
+    original = vars(MemoryFormatOpsPass)["call_operator"]
+
+    def call_operator(self: Any, op: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], meta: Any) -> Any:
+        if _symbolic_empty(op, args, kwargs):
+            kept = {key: value for key, value in kwargs.items() if key in ("dtype", "layout", "device", "pin_memory")}
+            return original(self, exir_ops.edge.aten.full.default, (args[0], 0), kept, meta)
+        return original(self, op, args, kwargs, meta)
+
+    with swap_attr(MemoryFormatOpsPass, "call_operator", call_operator):
+        yield
+
+
 # The patches ``lower_to_pte`` enters around ExecuTorch's lowering (``to_edge_transform_and_lower``,
 # ``to_executorch``), in order. Read, extend or replace: ``lower_to_pte(patches=(*PTE_PATCHES, my_patch))``.
 PTE_PATCHES: tuple[Patch, ...] = (
@@ -655,6 +698,7 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_exact_upper_bounds,
     patch_dim_order_of_data_dependent_strides,
     patch_view_copies_of_static_bases_kept,
+    patch_symbolic_empties_as_zeros,
     patch_export_pass_skips_unchanged_retraces,
     patch_bilinear_patterns_not_built_when_kept_whole,
     patch_decompositions_in_one_retrace,

@@ -28,6 +28,7 @@ from hfx.backends._executorch_fixes import (  # noqa: E402
     patch_edge_validator_list_returns,
     patch_dim_order_of_data_dependent_strides,
     patch_view_copies_of_static_bases_kept,
+    patch_symbolic_empties_as_zeros,
     patch_edge_verifier_sym_functions,
     patch_exact_upper_bounds,
     patch_sdpa_decomposition_layout,
@@ -578,3 +579,29 @@ def test_the_stable_dim_order_sorts_known_strides_and_keeps_unknown_pairs():
     assert stable_dim_order((1, 12, 4)) == (1, 2, 0)
     assert stable_dim_order((8 * u0, 8, 1)) == (0, 1, 2)
     assert stable_dim_order((8, 8 * u0, 1)) == (0, 1, 2)  # unknown either way: kept as given
+
+
+# --- empty tensors of a dynamic size ----------------------------------------------------------------
+
+
+class _FilledBuffer(torch.nn.Module):
+    """A buffer made with ``torch.empty(batch, ...)`` and filled (RF-DETR's two-stage proposals)."""
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        buffer = torch.empty(values.shape[0], 3, dtype=values.dtype)
+        buffer[:] = values[:, :3] * 2
+        return buffer + 1
+
+
+def test_an_empty_buffer_of_the_batch_lowers_and_runs_at_another_batch():
+    program = _lowered_tiny(_FilledBuffer(), torch.randn(2, 5), {0: "batch"})
+    values = torch.randn(3, 5)
+    torch.testing.assert_close(program(values=values), _FilledBuffer()(values))
+
+
+def test_without_the_empty_patch_executorch_still_plans_the_traced_batch():
+    """Canary: when this fails, ExecuTorch's ``_empty_dim_order`` keeps a symbolic size and the patch can go."""
+    program = lower_to_pte(_exported_tiny(_FilledBuffer(), torch.randn(2, 5), {0: "batch"}),
+                           patches=_without(patch_symbolic_empties_as_zeros))
+    with pytest.raises(hfx.LoweringError, match="set_inputs"):
+        program(values=torch.randn(3, 5))

@@ -307,6 +307,9 @@ ROWS = (
         slots=lambda: [(_owner(name), "dim_order_from_stride") for name in _pte_fixes._DIM_ORDER_USERS]),  # noqa: SLF001
     Row(patch=_pte_fixes.patch_view_copies_of_static_bases_kept, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.passes.replace_view_copy_with_view_pass"), "_is_view_copy")]),
+    Row(patch=_pte_fixes.patch_symbolic_empties_as_zeros, needs="executorch",
+        slots=lambda: [(_owner("executorch.exir.passes.memory_format_ops_pass", "MemoryFormatOpsPass"),
+                        "call_operator")]),
     Row(patch=_pte_fixes.patch_sdpa_decomposition_layout, adds=True,
         slots=lambda: [(_owner("torch._decomp", "decomposition_table"),
                         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)]),  # noqa: SLF001
