@@ -293,6 +293,33 @@ def patch_xnnpack_tanh_gelu() -> Iterator[None]:
         yield
 
 
+def _input_is_4d(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s first input is a 4-D tensor."""
+    value = node.all_input_nodes[0].meta.get("val") if node.all_input_nodes else None
+    return isinstance(value, torch.Tensor) and value.dim() == 4
+
+
+@contextlib.contextmanager
+def patch_xnnpack_prelu_4d() -> Iterator[None]:
+    """Keep a PReLU over a tensor that is not 4-D out of XNNPACK (ExecuTorch decomposes it).
+
+    executorch 1.5.1's ``PreluConfig.check_constraints``
+    (backends/xnnpack/partition/config/node_configs.py) checks only that the
+    weight is a parameter, but XNNPACK computes PReLU in NHWC and its
+    ``ChannelsLastTaggedReshapePass`` refuses any other rank: "Attempting to
+    convert non-NHWC compatible node to NHWC". DAB-DETR's encoder applies
+    ``nn.PReLU`` to ``[batch, tokens, channels]`` activations. The check runs
+    after the partitioner's own, which also decides that the op is decomposed
+    (to a ``where``) rather than kept whole. Delete when the partitioner checks
+    the rank itself.
+    """
+    from executorch.backends.xnnpack.partition.config.node_configs import PreluConfig
+
+    original = vars(PreluConfig)["check_constraints"]
+    with swap_attr(PreluConfig, "check_constraints", _refusing(original, _input_is_4d)):
+        yield
+
+
 def _is_spatial_max_kept(node: torch.fx.Node) -> bool:
     """Whether ``max.dim`` keeps its dim and reduces dim 2 or 3 of its 4-D input: the max XNNPACK serialises."""
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
@@ -694,6 +721,7 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_xnnpack_conv1d_dynamic_dims,
     patch_xnnpack_tanh_gelu,
     patch_xnnpack_max_dim,
+    patch_xnnpack_prelu_4d,
     patch_sdpa_decomposition_layout,
     patch_exact_upper_bounds,
     patch_dim_order_of_data_dependent_strides,

@@ -34,6 +34,7 @@ from hfx.backends._executorch_fixes import (  # noqa: E402
     patch_sdpa_decomposition_layout,
     patch_xnnpack_conv1d_dynamic_dims,
     patch_xnnpack_max_dim,
+    patch_xnnpack_prelu_4d,
     patch_xnnpack_tanh_gelu,
     stable_dim_order,
 )
@@ -605,3 +606,32 @@ def test_without_the_empty_patch_executorch_still_plans_the_traced_batch():
                            patches=_without(patch_symbolic_empties_as_zeros))
     with pytest.raises(hfx.LoweringError, match="set_inputs"):
         program(values=torch.randn(3, 5))
+
+
+# --- PReLU -----------------------------------------------------------------------------------------
+
+
+class _TokenPrelu(torch.nn.Module):
+    """``nn.PReLU`` over ``[batch, tokens, channels]`` (DAB-DETR's encoder activation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.activation = torch.nn.Linear(6, 6), torch.nn.PReLU()
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.linear(values))
+
+
+def test_a_prelu_over_tokens_lowers_and_matches_eager():
+    torch.manual_seed(0)
+    module = _TokenPrelu().eval()
+    program = _lowered_tiny(module, torch.randn(2, 7, 6), {0: "batch", 1: "sequence"})
+    values = torch.randn(3, 11, 6)
+    torch.testing.assert_close(program(values=values), module(values))
+
+
+def test_without_the_prelu_patch_xnnpack_still_takes_a_prelu_it_cannot_lay_out():
+    """Canary: when this fails, XNNPACK's partitioner checks PReLU's rank and the patch can go."""
+    exported = _exported_tiny(_TokenPrelu().eval(), torch.randn(2, 7, 6), {0: "batch", 1: "sequence"})
+    with pytest.raises(hfx.LoweringError, match="non-NHWC compatible"):
+        lower_to_pte(exported, patches=_without(patch_xnnpack_prelu_4d))
