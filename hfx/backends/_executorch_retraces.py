@@ -47,8 +47,8 @@ one produced (so functional), holds no higher-order op (but ``auto_functionalize
 functional form of a mutating op such as the KV cache's update), no mutating op
 and no call the table would decompose (an entry that declines most calls, as hfx's
 ``cropping_constant_pad`` declines every pad that crops nothing, says which it
-rewrites: Mamba 2's padded chunks kept two retraces, a fifth of its lowering). The program is byte for byte the one built
-without it (tests/backends/test_executorch_retraces.py). Delete when ExecuTorch
+rewrites: Mamba 2's padded chunks kept two retraces, a fifth of its lowering).
+The program is byte for byte the one built without it (tests/backends/test_executorch_retraces.py). Delete when ExecuTorch
 skips that pass itself.
 
 ``patch_decompositions_in_one_retrace``: of those calls, the first

@@ -1,7 +1,7 @@
 """Size arithmetic in an exported FX graph, rewritten so every runtime computes it as torch does.
 
-Shared by the ONNX, OpenVINO and ExecuTorch lowerings (``ONNX_FIXES``, ``OV_GRAPH_FIXES``, ``lower_to_pte``); nothing here imports
-a runtime.
+Shared by the ONNX, OpenVINO and ExecuTorch lowerings (``ONNX_FIXES``, ``OV_GRAPH_FIXES``,
+``lower_to_pte``); nothing here imports a runtime.
 """
 
 from __future__ import annotations
