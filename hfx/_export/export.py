@@ -17,6 +17,7 @@ from hfx._errors import CaptureError, PatchError, describe
 from hfx._export.asserts import on_input_sizes_only, without_asserts
 from hfx._export.constant_outputs import constant_outputs, user_outputs, without_constant_outputs
 from hfx._export.prune import without_unused_weights
+from hfx._export.self_writes import without_self_writes
 from hfx._export.signature import flatten_signature
 from hfx._lift import per_component
 from hfx._pytree import cache_classes, named_leaves, registered_caches
@@ -75,7 +76,7 @@ def exported_from_flat(flat: Capture, shapes: DynamicShapes, patches: tuple[Patc
         program, refined = _export_refining(flat, shapes, asked, patches)
         io = io_spec(program, flat, refined, declared=asked)
         return Exported(
-            program=without_constant_outputs(program),
+            program=without_constant_outputs(without_self_writes(program)),
             io=io,
             dynamic_shapes=refined,
             name=flat.name,

@@ -159,8 +159,9 @@ class PteProgram:
     LLM runner reads its metadata so). Calling it checks the keyword arguments
     against ``io``, runs the ``forward`` method and returns the eager model's
     output structure; buffers the graph writes (a KV cache kept inside) keep
-    their values from call to call. ``weights`` is the ``.ptd`` file that holds
-    the weights when they are kept apart from the ``.pte``
+    their values from call to call, starting at the model's
+    (``written_buffers_with_state``). ``weights`` is the ``.ptd`` file that
+    holds the weights when they are kept apart from the ``.pte``
     (``lower_to_pte(weights_apart=...)``), else ``None``. XNNPACK computes on
     ExecuTorch's one threadpool per process; ``threads`` sizes it before the method
     loads (``None``: as it is, a thread per core unless set), refused while another
@@ -501,7 +502,8 @@ def _to_pte(
         with with_patches(*patches):
             edge = to_edge_transform_and_lower(program, transform_passes=as_edge_passes(rewrites, counts) or None,
                                                partitioner=[XnnpackPartitioner()], constant_methods=dict(methods) or None)
-            built = edge.to_executorch(ExecutorchBackendConfig(external_constants=tag or False))
+            built = edge.to_executorch(ExecutorchBackendConfig(
+                external_constants=tag or False, passes=_initial_states(edge.exported_program())))
             weights = _weights_in_a_temporary_file(built.write_tensor_data_to_file) if tag else None
             return built.buffer, weights, kept, counts
     except Exception as exc:
@@ -511,6 +513,32 @@ def _to_pte(
             "export (export(patches=...)); the log below names the pass that failed."
         )
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
+
+
+def written_buffers_with_state(program: torch.export.ExportedProgram) -> list[str]:
+    """The placeholders of the buffers ``program`` writes (a functional program's ``buffers_to_mutate``) whose
+    value is not all zeros.
+
+    ExecuTorch "assumes buffers that are mutated in the graph have a
+    meaningless initial state" (its emitter's warning) and serialises their
+    shape alone: the runtime starts them at zero. A model's buffer that counts
+    or carries state from call to call starts at its value in eager. A zero
+    buffer (a KV cache) is left out: the runtime's zeros are its value, and
+    the ``.pte`` does not grow by it.
+    """
+    signature = program.graph_signature
+    written = set(signature.buffers_to_mutate.values())
+    values = {**program.state_dict, **program.constants}
+    return [name for name, fqn in signature.inputs_to_buffers.items()
+            if fqn in written and fqn in values and bool(values[fqn].any())]
+
+
+def _initial_states(program: torch.export.ExportedProgram) -> list[Any]:
+    """The ExecuTorch pass that serialises the initial values of ``written_buffers_with_state(program)``."""
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    names = written_buffers_with_state(program)
+    return [InitializedMutableBufferPass(names)] if names else []
 
 
 def _bounded(

@@ -396,3 +396,36 @@ def test_weights_apart_is_an_option_of_every_program(linear):
     torch.testing.assert_close(program(input=torch.ones(3, 3)), torch.ones(3, 3) @ weight.T + bias, atol=1e-6, rtol=0)
     with pytest.raises(TypeError, match="weights_apart must be True, False or None"):
         lower_to_pte(linear, weights_apart="yes")
+
+
+class _Counter(torch.nn.Module):
+    """State kept from call to call: a step that starts at 5 and a total that starts at zero."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("step", torch.full((1,), 5.0), persistent=False)
+        self.register_buffer("total", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.step.add_(1.0)
+        self.total.add_(2.0)
+        return x + self.step + self.total
+
+
+def test_a_buffer_the_model_writes_starts_at_its_eager_value_and_keeps_its_state():
+    from hfx.backends._executorch import written_buffers_with_state
+
+    exported = hfx.export(hfx.capture({"x": torch.ones(2, 3)}, _Counter()))
+    assert written_buffers_with_state(exported.program.run_decompositions({})) == ["b_step"]  # not the zero total
+    program, eager = lower_to_pte(exported), _Counter()
+    for _ in range(2):  # ExecuTorch starts a written buffer at zero unless told its value: 3 and 6 here
+        torch.testing.assert_close(program(x=torch.zeros(3, 3)), eager(torch.zeros(3, 3)), rtol=0, atol=0)
+
+
+def test_a_buffer_recast_to_itself_keeps_its_values_on_executorch():
+    from tests._export.test_self_writes import _Recast
+
+    model = _Recast()
+    program = lower_to_pte(hfx.export(hfx.capture({"x": torch.ones(2, 5)}, model)))
+    report = verify(model, {"x": torch.randn(3, 5)}, program)  # zeroed as state, the table read 0 (CTRL: 3.7)
+    assert report.passed and report.max_abs == 0, str(report)
