@@ -171,6 +171,24 @@ def test_a_zero_initialised_router_gets_random_weights_so_top_k_sees_no_ties():
     assert all(torch.equal(a, b) for a, b in zip(zoo.build(name).parameters(), model.parameters()))  # seeded
 
 
+def test_batch_norms_scaled_near_zero_by_the_init_get_unit_scale_so_top_k_sees_no_ties():
+    import transformers
+
+    name = "object-detection:rt_detr"
+    plain = transformers.AutoModelForObjectDetection.from_config(zoo.entry(name).config())
+    # Canary: RT-DETR's own init draws its BatchNorm scales from N(0, 0.01).
+    assert plain.model.encoder_input_proj[0][1].weight.abs().max() < 0.1
+    model = zoo.build(name)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and all((m.weight - 1).abs().max() < 0.2 for m in norms)
+    scores = []
+    model.model.enc_score_head.register_forward_hook(lambda module, args, out: scores.append(out.max(-1).values))
+    with torch.no_grad():
+        model(**zoo.inputs(name, batch=3))
+    assert all(len(set(row.tolist())) == row.numel() for row in scores[0])  # the encoder's top-k has no ties
+    assert all(torch.equal(a, b) for a, b in zip(zoo.build(name).parameters(), model.parameters()))  # seeded
+
+
 def test_unknown_generated_names_raise_key_error():
     with pytest.raises(KeyError, match="no task"):
         zoo.entry("no-such-task:llama")
