@@ -15,6 +15,7 @@ from hfx._export.guard_ranges import guard_interval
 from hfx._export.torch_shapes import derived_dim, refine, to_torch, widen_unit_axes
 from hfx._errors import CaptureError, PatchError, describe
 from hfx._export.asserts import on_input_sizes_only, without_asserts
+from hfx._export.branches import recording_branches
 from hfx._export.constant_outputs import constant_outputs, user_outputs, without_constant_outputs
 from hfx._export.prune import without_unused_weights
 from hfx._export.self_writes import without_self_writes
@@ -110,7 +111,19 @@ def _export_refining(
     traced = traced_minimums(shapes)
     for _ in range(_MAX_REFINEMENTS + 2):
         try:
-            program = _torch_export(flat, shapes, patches, deferred=deferred, declared=declared, traced=traced)
+            with recording_branches() as branches:
+                program = _torch_export(flat, shapes, patches, deferred=deferred, declared=declared, traced=traced)
+            if deferred:
+                ranges = asserted_ranges(program, flat.kwargs, shapes, branches)
+                pinned = frozenset(name for name, interval in ranges.items() if interval is None)
+                if pinned:  # the program is the model's at the traced size of these dims alone
+                    shapes = _static(shapes, pinned)
+                    continue
+                # Input-size asserts are then trace-time assumptions (a dim traced at 2 is not 1) or hold over the
+                # ranges just narrowed to, which hfx checks at every call. Data-dependent checks stay.
+                program = without_asserts(program, drop=on_input_sizes_only)
+                shapes = DynamicShapes(axes=shapes.axes, bounds={**shapes.bounds, **ranges})
+                _narrow(program, flat.kwargs, shapes, frozenset(ranges))
             return program, _with_lower_bounds(shapes, declared, traced)
         except torch._dynamo.exc.UserError as exc:  # noqa: SLF001 - the only type constraint violations have
             refined = refine(shapes, str(exc))
@@ -188,12 +201,20 @@ def _guard_ranged(
             return None
         bounds[name] = interval
     ranged = DynamicShapes(axes=shapes.axes, bounds=bounds)
+    _narrow(program, flat.kwargs, ranged, pinned)
+    return program, ranged
+
+
+def _narrow(program: torch.export.ExportedProgram, kwargs: Mapping[str, Any], shapes: DynamicShapes,
+            names: frozenset[str]) -> None:
+    """Give the dims ``names`` of ``program`` their bounds in ``shapes``, in its range constraints and its shape
+    environment; the program is changed in place (hfx's own, fresh from torch.export)."""
     from torch.utils._sympy.value_ranges import ValueRanges
 
     shape_env = _shape_env(program)
-    for symbol, name in _symbol_names(program, flat.kwargs, ranged).items():
-        if name in pinned:
-            lo, hi = bounds[name]
+    for symbol, name in _symbol_names(program, kwargs, shapes).items():
+        if name in names:
+            lo, hi = shapes.bounds[name]
             program._range_constraints[symbol] = ValueRanges(lo, int(hi) if hi is not None else sympy.oo)  # noqa: SLF001
             if hi is not None and shape_env is not None:
                 # The tensors' sizes read their ranges from the shape environment, not from range_constraints: an
@@ -201,7 +222,37 @@ def _guard_ranged(
                 # bounds, planned LED's and LongT5's inputs at their traced size (2 x 7; "Attempted to resize a
                 # bounded tensor" at 3 x 11). Only the upper bound: torch traced the dim at >= 2.
                 shape_env._update_var_to_range(symbol, ValueRanges(-sympy.oo, int(hi)))  # noqa: SLF001
-    return program, ranged
+
+
+def asserted_ranges(program: torch.export.ExportedProgram, kwargs: Mapping[str, Any], shapes: DynamicShapes,
+                    branches: Sequence[Any]) -> dict[str, tuple[int, int | None] | None]:
+    """Each dynamic dim of ``program`` one of the model's ``branches`` (``recording_branches``) names alone: the
+    sizes around its traced one where every such condition holds (``condition_interval``), ``None`` where they
+    fail next to it.
+
+    Model pattern: a branch on a size, taken at the traced one, which torch can neither
+    prove over the dim's range nor state as one, kept as an assert (Swin pads an odd
+    feature map and shifts its windows only above the window size: traced at 64 px,
+    the program is Swin's at 64 px alone; at 128 px it stopped inside the graph).
+    """
+    from hfx._export.guard_ranges import condition_interval
+
+    shape_env = _shape_env(program)
+    if not branches or shape_env is None:
+        return {}
+    traced = getattr(shape_env, "backed_var_to_val", None)  # torch 2.13 renamed var_to_val (and deprecated it)
+    traced = shape_env.var_to_val if traced is None else traced
+    alone = {next(iter(c.free_symbols)) for c in branches if len(getattr(c, "free_symbols", ())) == 1}
+    return {name: condition_interval(branches, symbol, int(traced[symbol]), shapes.bounds[name])
+            for symbol, name in _symbol_names(program, kwargs, shapes).items()
+            if symbol in alone and symbol in traced and name in shapes.bounds}
+
+
+def _static(shapes: DynamicShapes, names: frozenset[str]) -> DynamicShapes:
+    """``shapes`` with the dims ``names`` (and the dims derived from them) static."""
+    axes = {leaf: {axis: dim for axis, dim in per_axis.items() if derived_dim(dim)[0] not in names}
+            for leaf, per_axis in shapes.axes.items()}
+    return DynamicShapes(axes=axes, bounds={name: b for name, b in shapes.bounds.items() if name not in names})
 
 
 def _shape_env(program: torch.export.ExportedProgram) -> Any:
@@ -263,10 +314,6 @@ def _torch_export(
             prefer_deferred_runtime_asserts_over_guards=deferred,
         )
         _restore_lower_bounds(program, flat.kwargs, shapes, declared, traced)
-    if deferred:
-        # Guards on input sizes kept as asserts assume the traced sizes (a dim traced at 2 is not 1) and refuse
-        # sizes the declared bounds allow; hfx checks inputs against those bounds. Data-dependent checks stay.
-        program = without_asserts(program, drop=on_input_sizes_only)
     return without_unused_weights(program)
 
 

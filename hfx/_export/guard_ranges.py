@@ -17,6 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import sympy
 import torch
 
 _SCAN_LIMIT = 8192  # how far an unbounded dim is scanned; beyond it the guards are taken to hold as they did
@@ -71,12 +72,19 @@ def guard_interval(
         except (NameError, AttributeError, KeyError, TypeError) as exc:
             raise _Unreadable from exc
 
+    return _widest(holds, size, bounds)
+
+
+def _widest(holds: Any, size: int, bounds: tuple[int, int | None], below: Any = None) -> tuple[int, int | None] | None:
+    """The largest ``(lo, hi)`` around ``size`` within ``bounds`` where ``holds`` (``below`` under ``size``, if
+    given); ``None`` where it holds at ``size`` alone (or not there), or ``holds`` raises ``_Unreadable``."""
     low, high = bounds
+    below = below or holds
     try:
         if not holds(size):
             return None
         lo = size
-        while lo - 1 >= low and holds(lo - 1):
+        while lo - 1 >= low and below(lo - 1):
             lo -= 1
         limit = high if high is not None else max(_SCAN_LIMIT, size)
         hi = size
@@ -87,3 +95,65 @@ def guard_interval(
     if lo == hi:
         return None
     return lo, None if high is None and hi == limit else hi
+
+
+def _assumes_not_0_or_1(condition: Any) -> bool:
+    """Whether ``condition`` says a size (no remainder in it) is not 0 or not 1: an assumption of the trace."""
+    from torch.utils._sympy.functions import Mod, PythonMod
+
+    if not isinstance(condition, sympy.Ne):
+        return False
+    left, right = condition.args
+    size, other = (right, left) if left.is_Integer else (left, right)
+    return bool(other.is_Integer) and int(other) in (0, 1) and not size.atoms(Mod, PythonMod, sympy.Mod)
+
+
+def condition_interval(
+    conditions: Sequence[Any], symbol: Any, size: int, bounds: tuple[int, int | None],
+) -> tuple[int, int | None] | None:
+    """The largest ``(lo, hi)`` around ``size`` within ``bounds`` where every sympy condition on ``symbol`` alone
+    holds; ``None`` where the sizes next to ``size`` fail (the dim is pinned) or a condition cannot be evaluated.
+
+    ``torch.export`` keeps such conditions as runtime asserts where it can neither prove
+    them nor state them as a dim's range: Swin pads its feature map only when the width
+    is not a multiple of 4, and traced at 64 px keeps ``Eq(Mod(width, 4), 0)``. Two kinds
+    are trace-time assumptions, not the model's conditions, and refuse nothing:
+    a relation between dims (``total == past + sequence``, which hfx checks itself), and,
+    below ``size``, a size derived from the dim said not to be 0 or 1: torch assumes a
+    size traced at 2 or more is not (ResNet's ``Ne((width - 1)//8, 0)``), and the
+    graph computes the same at those sizes. A remainder is a condition
+    (``Ne(Mod(width//4, 2), 1)``: Swin's odd feature map, padded).
+
+    Example:
+        >>> import sympy
+        >>> from torch.utils._sympy.functions import FloorDiv, Mod
+        >>> s = sympy.Symbol("s0", integer=True, positive=True)
+        >>> condition_interval([sympy.Eq(Mod(s, 4), 0), s < 100], s, 8, (1, None))
+        >>> condition_interval([sympy.Ne(FloorDiv(s - 1, 8), 0), s < 100], s, 32, (1, 512))
+        (1, 99)
+        >>> condition_interval([sympy.Ne(Mod(FloorDiv(s, 4), 2), 1)], s, 8, (1, None))
+        (8, 11)
+    """
+    from torch.utils._sympy.printers import PythonPrinter
+
+    printer = PythonPrinter()
+    own = [condition for condition in conditions if condition.free_symbols == {symbol}]
+    try:
+        compiled = [(compile(printer.doprint(condition), "<condition>", "eval"), _assumes_not_0_or_1(condition))
+                    for condition in own]
+    except (SyntaxError, TypeError, NotImplementedError):
+        return None
+
+    def holding(*, inequations: bool) -> Any:
+        def holds(candidate: int) -> bool:
+            try:
+                return all(bool(eval(code, _NAMESPACE, {str(symbol): candidate}))  # noqa: S307 - torch's printer
+                           for code, unequal in compiled if inequations or not unequal)
+            except ArithmeticError:
+                return False
+            except (NameError, AttributeError, KeyError, TypeError) as exc:
+                raise _Unreadable from exc
+        return holds
+
+    return _widest(holding(inequations=True), size, bounds, below=holding(inequations=False))
+

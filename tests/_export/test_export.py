@@ -286,3 +286,43 @@ def test_span_bounds_need_the_relation_in_the_captured_sizes():
     assert with_span_bounds(shapes, {"sequence": 3, "past_sequence": 4, "total_sequence": 9}) == shapes
     assert with_span_bounds(shapes, {"sequence": 3, "past_sequence": 4, "total_sequence": 7}).bounds == {
         "sequence": (1, 254), "past_sequence": (0, 254), "total_sequence": (4, 256)}
+
+
+class _Branches(torch.nn.Module):
+    """Two branches on remainders of the sequence that torch can neither prove nor state as a range."""
+
+    def forward(self, inputs_embeds):
+        x = inputs_embeds
+        if (x.shape[1] // 4) % 2 == 1:  # Swin pads an odd feature map so
+            x = x * 3
+        if (x.shape[1] // 3) % 2 == 0:
+            x = x * 2
+        return x + 1
+
+
+@pytest.mark.parametrize(("size", "bounds"), [(8, None), (6, (6, 7))], ids=["pinned", "narrowed"])
+def test_a_dim_whose_kept_asserts_fail_near_the_traced_size_is_narrowed_or_static(size, bounds):
+    # A "past_sequence" dim is exported with guards kept as asserts from the start (a growing cache's).
+    shapes = hfx.DynamicShapes(axes={"inputs_embeds": {1: "past_sequence"}}, bounds={"past_sequence": (1, 512)})
+    model = _Branches()
+    exported = hfx.export(hfx.capture({"inputs_embeds": torch.randn(2, size, 3)}, model, dynamic_shapes=shapes))
+    assert exported.io.bounds.get("past_sequence") == bounds  # was (1, 512): eager's branches differ at 5, 9 ...
+    for n in range(bounds[0], bounds[1] + 1) if bounds else (size,):
+        report = hfx.verify(model, {"inputs_embeds": torch.randn(2, n, 3)}, exported)
+        assert report.passed and report.max_abs == 0, str(report)
+    with pytest.raises(hfx.InputError):
+        exported(inputs_embeds=torch.randn(2, size + 2, 3))
+
+
+def test_asserted_ranges_pin_a_dim_the_models_branches_fix_on_both_sides_of_the_traced_size():
+    from hfx._export.branches import recording_branches
+    from hfx._export.export import asserted_ranges
+
+    dim = torch.export.Dim("sequence", min=1, max=512)
+    with recording_branches() as branches:
+        program = torch.export.export(_Branches(), (), {"inputs_embeds": torch.randn(2, 8, 3)}, strict=False,
+                                      dynamic_shapes={"inputs_embeds": {1: dim}},
+                                      prefer_deferred_runtime_asserts_over_guards=True)
+    assert {str(b) for b in branches} == {"Ne(Mod((s29//4), 2), 1)", "Eq(Mod((s29//3), 2), 0)"}
+    shapes = hfx.DynamicShapes(axes={"inputs_embeds": {1: "sequence"}}, bounds={"sequence": (1, 512)})
+    assert asserted_ranges(program, {"inputs_embeds": torch.randn(2, 8, 3)}, shapes, branches) == {"sequence": None}
