@@ -243,9 +243,21 @@ def asserted_ranges(program: torch.export.ExportedProgram, kwargs: Mapping[str, 
     traced = getattr(shape_env, "backed_var_to_val", None)  # torch 2.13 renamed var_to_val (and deprecated it)
     traced = shape_env.var_to_val if traced is None else traced
     alone = {next(iter(c.free_symbols)) for c in branches if len(getattr(c, "free_symbols", ())) == 1}
-    return {name: condition_interval(branches, symbol, int(traced[symbol]), shapes.bounds[name])
+    return {name: condition_interval(branches, symbol, int(traced[symbol]), _within(program, symbol, shapes.bounds[name]))
             for symbol, name in _symbol_names(program, kwargs, shapes).items()
             if symbol in alone and symbol in traced and name in shapes.bounds}
+
+
+def _within(program: torch.export.ExportedProgram, symbol: Any, bounds: tuple[int, int | None]) -> tuple[int, int | None]:
+    """``bounds`` cut to the range torch.export gave ``symbol`` (never widened past it)."""
+    current = program.range_constraints.get(symbol)
+    if current is None:
+        return bounds
+    lo, hi = bounds
+    upper = _finite(current.upper)
+    lower = _finite(current.lower)
+    return (max(lo, lower) if lower is not None else lo,
+            upper if hi is None else min(hi, upper) if upper is not None else hi)
 
 
 def _static(shapes: DynamicShapes, names: frozenset[str]) -> DynamicShapes:

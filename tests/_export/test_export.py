@@ -326,3 +326,31 @@ def test_asserted_ranges_pin_a_dim_the_models_branches_fix_on_both_sides_of_the_
     assert {str(b) for b in branches} == {"Ne(Mod((s29//4), 2), 1)", "Eq(Mod((s29//3), 2), 0)"}
     shapes = hfx.DynamicShapes(axes={"inputs_embeds": {1: "sequence"}}, bounds={"sequence": (1, 512)})
     assert asserted_ranges(program, {"inputs_embeds": torch.randn(2, 8, 3)}, shapes, branches) == {"sequence": None}
+
+
+class _Windowed(torch.nn.Module):
+    """Swin's pattern on a sequence: windows of 4; a count of at most 2 is clamped, an odd one padded."""
+
+    def forward(self, inputs_embeds):
+        x = inputs_embeds
+        windows = x.shape[1] // 4
+        if windows <= 2:
+            x = x * 3
+        if windows % 2 == 1:
+            x = x * 2
+        return x + 1
+
+
+@pytest.mark.parametrize(("size", "bounds"), [(8, (8, 11)), (13, (12, 15))])
+def test_a_dim_is_narrowed_to_the_sizes_the_models_branches_took_and_serves_each_exactly(size, bounds):
+    shapes = hfx.DynamicShapes(axes={"inputs_embeds": {1: "past_sequence"}}, bounds={"past_sequence": (1, 512)})
+    model = _Windowed()
+    exported = hfx.export(hfx.capture({"inputs_embeds": torch.randn(2, size, 3)}, model, dynamic_shapes=shapes))
+    assert exported.io.bounds["past_sequence"] == bounds  # never wider than torch's own range (8 to 11 at 8)
+    for n in range(2, 40):
+        if bounds[0] <= n <= bounds[1]:
+            report = hfx.verify(model, {"inputs_embeds": torch.randn(2, n, 3)}, exported)
+            assert report.passed and report.max_abs == 0, str(report)
+        else:  # the branches differ here: refused, not wrong
+            with pytest.raises(hfx.InputError):
+                exported(inputs_embeds=torch.randn(2, n, 3))
