@@ -65,14 +65,20 @@ def guard_interval(
     def holds(candidate: int) -> bool:
         tensors = {name: _Sized(tuple(candidate if (name, axis) in axes else int(n) for axis, n in enumerate(t.shape)))
                    for name, t in kwargs.items() if isinstance(t, torch.Tensor)}
-        try:
-            return all(bool(eval(code, _NAMESPACE, {"L": tensors})) for code in compiled)  # noqa: S307 - torch's guards
-        except ArithmeticError:  # a size the guards divide by zero at: not one the program serves
-            return False
-        except (NameError, AttributeError, KeyError, TypeError) as exc:
-            raise _Unreadable from exc
+        return _all_hold(compiled, {"L": tensors})
 
     return _widest(holds, size, bounds)
+
+
+def _all_hold(codes: Sequence[Any], names: Mapping[str, Any]) -> bool:
+    """Whether every compiled condition in ``codes`` is true over ``names``: ``False`` at a size they divide by
+    zero at (not one the program serves); ``_Unreadable`` where one names what is not given."""
+    try:
+        return all(bool(eval(code, _NAMESPACE, names)) for code in codes)  # noqa: S307 - torch's guards and printer
+    except ArithmeticError:
+        return False
+    except (NameError, AttributeError, KeyError, TypeError) as exc:
+        raise _Unreadable from exc
 
 
 def _widest(holds: Any, size: int, bounds: tuple[int, int | None], below: Any = None) -> tuple[int, int | None] | None:
@@ -145,15 +151,8 @@ def condition_interval(
         return None
 
     def holding(*, inequations: bool) -> Any:
-        def holds(candidate: int) -> bool:
-            try:
-                return all(bool(eval(code, _NAMESPACE, {str(symbol): candidate}))  # noqa: S307 - torch's printer
-                           for code, unequal in compiled if inequations or not unequal)
-            except ArithmeticError:
-                return False
-            except (NameError, AttributeError, KeyError, TypeError) as exc:
-                raise _Unreadable from exc
-        return holds
+        codes = [code for code, unequal in compiled if inequations or not unequal]
+        return lambda candidate: _all_hold(codes, {str(symbol): candidate})
 
     return _widest(holding(inequations=True), size, bounds, below=holding(inequations=False))
 
