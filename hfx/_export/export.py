@@ -235,17 +235,33 @@ def asserted_ranges(program: torch.export.ExportedProgram, kwargs: Mapping[str, 
     feature map and shifts its windows only above the window size: traced at 64 px,
     the program is Swin's at 64 px alone; at 128 px it stopped inside the graph).
     """
-    from hfx._export.guard_ranges import condition_interval
+    from hfx._export.guard_ranges import condition_interval, jointly_held
 
     shape_env = _shape_env(program)
     if not branches or shape_env is None:
         return {}
     traced = getattr(shape_env, "backed_var_to_val", None)  # torch 2.13 renamed var_to_val (and deprecated it)
     traced = shape_env.var_to_val if traced is None else traced
-    alone = {next(iter(c.free_symbols)) for c in branches if len(getattr(c, "free_symbols", ())) == 1}
-    return {name: condition_interval(branches, symbol, int(traced[symbol]), _within(program, symbol, shapes.bounds[name]))
-            for symbol, name in _symbol_names(program, kwargs, shapes).items()
-            if symbol in alone and symbol in traced and name in shapes.bounds}
+    dims = {symbol: name for symbol, name in _symbol_names(program, kwargs, shapes).items()
+            if symbol in traced and name in shapes.bounds}
+    sizes = {symbol: int(traced[symbol]) for symbol in dims}
+    conditions = [c for c in branches if _on_dims(c, dims)]
+    named = {symbol for c in conditions for symbol in c.free_symbols}
+    intervals = {symbol: condition_interval(conditions, symbol, sizes[symbol],
+                                            _within(program, symbol, shapes.bounds[dims[symbol]]), others=sizes)
+                 for symbol in dims if symbol in named}
+    intervals = jointly_held([c for c in conditions if len(c.free_symbols) > 1], intervals, sizes)
+    return {dims[symbol]: interval for symbol, interval in intervals.items()}
+
+
+def _on_dims(condition: Any, dims: Mapping[Any, str]) -> bool:
+    """Whether ``condition`` is a branch on input dims: on one alone, or on several but neither an equation between
+    them nor a condition on one span's dims (``total <= past + sequence``: relations hfx checks itself)."""
+    symbols = getattr(condition, "free_symbols", set())
+    if not symbols or not symbols <= dims.keys():
+        return False
+    names = {dims[symbol] for symbol in symbols}
+    return len(symbols) == 1 or not (isinstance(condition, sympy.Eq) or any(names <= set(span) for span in _SPANS))
 
 
 def _within(program: torch.export.ExportedProgram, symbol: Any, bounds: tuple[int, int | None]) -> tuple[int, int | None]:

@@ -116,9 +116,11 @@ def _assumes_not_0_or_1(condition: Any) -> bool:
 
 def condition_interval(
     conditions: Sequence[Any], symbol: Any, size: int, bounds: tuple[int, int | None],
+    others: Mapping[Any, int] | None = None,
 ) -> tuple[int, int | None] | None:
-    """The largest ``(lo, hi)`` around ``size`` within ``bounds`` where every sympy condition on ``symbol`` alone
-    holds; ``None`` where the sizes next to ``size`` fail (the dim is pinned) or a condition cannot be evaluated.
+    """The largest ``(lo, hi)`` around ``size`` within ``bounds`` where every sympy condition on ``symbol`` holds,
+    the ``others`` symbols (other dims) at their traced sizes; ``None`` where the sizes next to ``size`` fail (the
+    dim is pinned) or a condition cannot be evaluated.
 
     ``torch.export`` keeps such conditions as runtime asserts where it can neither prove
     them nor state them as a dim's range: Swin pads its feature map only when the width
@@ -140,19 +142,119 @@ def condition_interval(
         >>> condition_interval([sympy.Ne(Mod(FloorDiv(s, 4), 2), 1)], s, 8, (1, None))
         (8, 11)
     """
-    from torch.utils._sympy.printers import PythonPrinter
-
-    printer = PythonPrinter()
-    own = [condition for condition in conditions if condition.free_symbols == {symbol}]
-    try:
-        compiled = [(compile(printer.doprint(condition), "<condition>", "eval"), _assumes_not_0_or_1(condition))
-                    for condition in own]
-    except (SyntaxError, TypeError, NotImplementedError):
+    others = dict(others or {})
+    own = [condition for condition in conditions
+           if symbol in condition.free_symbols and condition.free_symbols <= {symbol, *others}]
+    compiled = _compiled([(condition, _assumes_not_0_or_1(condition)) for condition in own])
+    if compiled is None:
         return None
+    fixed = {str(other): value for other, value in others.items()}
 
     def holding(*, inequations: bool) -> Any:
         codes = [code for code, unequal in compiled if inequations or not unequal]
-        return lambda candidate: _all_hold(codes, {str(symbol): candidate})
+        return lambda candidate: _all_hold(codes, {**fixed, str(symbol): candidate})
 
     return _widest(holding(inequations=True), size, bounds, below=holding(inequations=False))
 
+
+
+def _compiled(conditions: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]] | None:
+    """Each ``(sympy condition, tag)`` as ``(code object, tag)``; ``None`` where one cannot be printed as Python."""
+    from torch.utils._sympy.printers import PythonPrinter
+
+    printer = PythonPrinter()
+    try:
+        return [(compile(printer.doprint(condition), "<condition>", "eval"), tag) for condition, tag in conditions]
+    except (SyntaxError, TypeError, NotImplementedError):
+        return None
+
+
+def _sample_sizes(lo: int, hi: int, size: int) -> list[int]:
+    """Sizes of ``[lo, hi]`` a box check visits: both ends, the traced ``size`` and its neighbours, and a
+    geometric ladder between (a condition on several dims that fails inside the box fails at one of them when
+    it is monotone in each, as a clamp to a window is)."""
+    points = {lo, hi, size, size - 1, size + 1, lo + 1, hi - 1}
+    step = 1
+    while size + step < hi or size - step > lo:
+        points.update((size + step, size - step))
+        step *= 2
+    return sorted(p for p in points if lo <= p <= hi)
+
+
+def jointly_held(
+    conditions: Sequence[Any], intervals: Mapping[Any, tuple[int, int | None] | None], sizes: Mapping[Any, int],
+) -> dict[Any, tuple[int, int | None] | None]:
+    """``intervals`` (per dim, as ``condition_interval`` found them, the other dims at their traced ``sizes``)
+    cut so that each condition on several dims holds over the box they span.
+
+    A dim found alone may be wrong in company: Swin clamps its last stage's window where
+    ``Min(rows, columns) <= 2``; each side alone may grow (the other keeps it true), both
+    together may not. Where a condition fails somewhere in the box, the box of its dims is
+    shrunk towards the traced sizes (above them first, then below, then both) to the largest
+    where it holds; where none does, its dims are pinned (``None``).
+
+    Example:
+        >>> import sympy
+        >>> h, w = sympy.symbols("h w", integer=True, positive=True)
+        >>> jointly_held([sympy.Min(h, w) <= 100], {h: (1, None), w: (1, None)}, {h: 64, w: 64})
+        {h: (1, 100), w: (1, 100)}
+    """
+    cut = dict(intervals)
+    compiled = _compiled([(condition, condition.free_symbols) for condition in conditions])
+    if compiled is None:
+        return {**cut, **{symbol: None for condition in conditions for symbol in condition.free_symbols}}
+    for code, symbols in compiled:
+        dims = sorted(symbols, key=str)
+        if any(cut.get(dim) is None for dim in dims):
+            continue
+        box = _largest_box(code, {dim: _scanned(cut[dim], sizes[dim]) for dim in dims}, sizes)
+        for dim in dims:
+            if box is None or box[dim][0] == box[dim][1]:
+                cut[dim] = None
+            else:
+                unbounded = cut[dim][1] is None and box[dim][1] == _scanned(cut[dim], sizes[dim])[1]
+                cut[dim] = (box[dim][0], None if unbounded else box[dim][1])
+    return cut
+
+
+def _largest_box(code: Any, full: Mapping[Any, tuple[int, int]], sizes: Mapping[Any, int]) -> dict[Any, tuple[int, int]] | None:
+    """The largest box inside ``full`` around the traced ``sizes`` where ``code`` holds: ``full`` itself, or its
+    sides above the sizes shrunk by a common fraction (found by bisection), or below, or both; ``None`` where none
+    holds but the traced point."""
+
+    def box(below: float, above: float) -> dict[Any, tuple[int, int]]:
+        return {dim: (sizes[dim] - math.floor(below * (sizes[dim] - lo)), sizes[dim] + math.floor(above * (hi - sizes[dim])))
+                for dim, (lo, hi) in full.items()}
+
+    def holds(below: float, above: float) -> bool:
+        return _box_holds(code, box(below, above), sizes)
+
+    if holds(1.0, 1.0):
+        return dict(full)
+    for shrink in (lambda t: (1.0, t), lambda t: (t, 1.0), lambda t: (t, t)):
+        if not holds(*shrink(0.0)):
+            continue
+        good, bad = 0.0, 1.0
+        for _ in range(16):
+            middle = (good + bad) / 2
+            good, bad = (middle, bad) if holds(*shrink(middle)) else (good, middle)
+        found = box(*shrink(good))
+        if any(lo < hi for lo, hi in found.values()):
+            return found
+    return None
+
+
+def _scanned(interval: tuple[int, int | None], size: int) -> tuple[int, int]:
+    lo, hi = interval
+    return lo, hi if hi is not None else max(_SCAN_LIMIT, size)
+
+
+def _box_holds(code: Any, box: Mapping[Any, tuple[int, int]], sizes: Mapping[Any, int]) -> bool:
+    import itertools
+
+    names = [str(dim) for dim in box]
+    ladders = [_sample_sizes(lo, hi, sizes[dim]) for dim, (lo, hi) in box.items()]
+    try:
+        return all(_all_hold([code], dict(zip(names, point))) for point in itertools.product(*ladders))
+    except _Unreadable:
+        return False

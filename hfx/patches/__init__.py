@@ -65,6 +65,15 @@ from hfx.patches._parallel_experts import patch_dense_parallel_experts
 from hfx.patches._pooling import covering_average_pool, patch_covering_average_pool
 from hfx.patches._step_positions import patch_symbolic_step_positions
 from hfx.patches._token_shift import patch_functional_token_shift, rotated_decoder_inputs
+from hfx.patches._unconditional_pads import (
+    merge_padded,
+    padded_to_length,
+    padding_to_multiple,
+    padded_to_patches,
+    patch_unconditional_swin_pads,
+    patch_upsampled_to_input_length,
+    window_padded,
+)
 from hfx.patches._torch import patch_even_chunks, patch_module_to_in_forward, patch_sdpa_fully_masked_rows
 from hfx.patches._vision import (
     patch_conv3d_patch_embedding,
@@ -93,7 +102,7 @@ def default_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
     Example:
         >>> import torch
         >>> [getattr(p, "func", p).__name__ for p in default_patches(torch.nn.Linear(1, 1))]
-        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place', 'patch_lightning_attention', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_deepstack_gather', 'patch_functional_token_shift', 'patch_eos_pooling_gather', 'patch_covering_average_pool', 'patch_symbolic_step_positions', 'patch_one_chunk_loops', 'patch_integer_conv_padding', 'patch_dense_experts', 'patch_dense_expert_modules', 'patch_dense_identity_experts', 'patch_dense_parallel_experts']
+        ['registered_caches', 'preserve_module_state', 'patch_eval_mode', 'patch_attention_implementation', 'patch_packed_vision_attention', 'patch_per_image_feature_split', 'patch_window_permutation', 'patch_sliding_window_cache', 'patch_sdpa_fully_masked_rows', 'patch_conv3d_patch_embedding', 'patch_even_chunks', 'patch_module_to_in_forward', 'patch_linear_attention_conv_state', 'patch_mamba_selective_scan', 'patch_mamba2_chunk_scan', 'patch_rglru_scan', 'patch_wkv_scan', 'patch_rwkv_rescale_in_place', 'patch_lightning_attention', 'patch_gated_delta_rule_chunk_scan', 'patch_position_interpolation', 'patch_latent_attention_keys', 'patch_complex_rotary', 'patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_deepstack_gather', 'patch_functional_token_shift', 'patch_eos_pooling_gather', 'patch_covering_average_pool', 'patch_symbolic_step_positions', 'patch_one_chunk_loops', 'patch_integer_conv_padding', 'patch_upsampled_to_input_length', 'patch_unconditional_swin_pads', 'patch_dense_experts', 'patch_dense_expert_modules', 'patch_dense_identity_experts', 'patch_dense_parallel_experts']
     """
     bound = tuple(
         functools.partial(patch, model)
@@ -161,6 +170,13 @@ __all__ = [
     "patch_sliding_window_cache",
     "patch_symbolic_step_positions",
     "patch_tensor_len",
+    "patch_unconditional_swin_pads",
+    "patch_upsampled_to_input_length",
+    "merge_padded",
+    "padded_to_length",
+    "padded_to_patches",
+    "window_padded",
+    "padding_to_multiple",
     "prefix_chunk_gated_delta_rule",
     "prefix_chunk_kimi_delta_attention",
     "prefix_rnn_scan",

@@ -31,6 +31,7 @@ from hfx.patches._step_positions import patch_symbolic_step_positions
 from hfx.patches._chunk_loops import patch_one_chunk_loops
 from hfx.patches._conv_padding import patch_integer_conv_padding
 from hfx.patches._token_shift import patch_functional_token_shift
+from hfx.patches._unconditional_pads import patch_unconditional_swin_pads, patch_upsampled_to_input_length
 
 
 def always_interpolated_positions(self: torch.nn.Module, embeddings: torch.Tensor, height: int,
@@ -565,11 +566,12 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
         ``patch_dense_global_attention``, ``patch_padded_image_batch``, ``patch_integer_pixel_shuffle``,
         ``patch_deepstack_gather``, ``patch_functional_token_shift``, ``patch_eos_pooling_gather``,
         ``patch_covering_average_pool``, ``patch_symbolic_step_positions``, ``patch_one_chunk_loops`` and
-        ``patch_integer_conv_padding`` bound to ``model``.
+        ``patch_integer_conv_padding``, ``patch_upsampled_to_input_length`` and ``patch_unconditional_swin_pads``
+        bound to ``model``.
 
     Example:
         >>> [p.func.__name__ for p in arch_patches(torch.nn.Linear(1, 1))][3:]
-        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_deepstack_gather', 'patch_functional_token_shift', 'patch_eos_pooling_gather', 'patch_covering_average_pool', 'patch_symbolic_step_positions', 'patch_one_chunk_loops', 'patch_integer_conv_padding']
+        ['patch_real_fourier_mixing', 'patch_funnel_positions', 'patch_axial_positions', 'patch_padding_mask_from_a_python_range', 'patch_tensor_len', 'patch_padding_mask_kept', 'patch_dense_global_attention', 'patch_padded_image_batch', 'patch_integer_pixel_shuffle', 'patch_deepstack_gather', 'patch_functional_token_shift', 'patch_eos_pooling_gather', 'patch_covering_average_pool', 'patch_symbolic_step_positions', 'patch_one_chunk_loops', 'patch_integer_conv_padding', 'patch_upsampled_to_input_length', 'patch_unconditional_swin_pads']
     """
     return tuple(functools.partial(patch, model) for patch in (patch_position_interpolation, patch_latent_attention_keys,
                                                                patch_complex_rotary, patch_real_fourier_mixing,
@@ -580,4 +582,5 @@ def arch_patches(model: torch.nn.Module) -> tuple[Patch, ...]:
                                                                patch_deepstack_gather, patch_functional_token_shift,
                                                                patch_eos_pooling_gather, patch_covering_average_pool,
                                                                patch_symbolic_step_positions, patch_one_chunk_loops,
-                                                               patch_integer_conv_padding))
+                                                               patch_integer_conv_padding, patch_upsampled_to_input_length,
+                                                               patch_unconditional_swin_pads))

@@ -354,3 +354,27 @@ def test_a_dim_is_narrowed_to_the_sizes_the_models_branches_took_and_serves_each
         else:  # the branches differ here: refused, not wrong
             with pytest.raises(hfx.InputError):
                 exported(inputs_embeds=torch.randn(2, n, 3))
+
+
+class _Clamped2d(torch.nn.Module):
+    """Swin's window clamp on an image: the last stage differs where the smaller side exceeds the window."""
+
+    def forward(self, pixel_values):
+        rows, columns = pixel_values.shape[-2:]
+        if min(rows // 4, columns // 4) <= 2:  # the window clamped to the map
+            return pixel_values.mean((-2, -1))
+        return pixel_values.amax((-2, -1))
+
+
+def test_a_branch_on_two_dims_narrows_both_to_a_box_where_it_holds():
+    shapes = hfx.DynamicShapes(axes={"pixel_values": {2: "past_sequence", 3: "width"}},
+                               bounds={"past_sequence": (1, 64), "width": (1, 64)})
+    model = _Clamped2d()
+    exported = hfx.export(hfx.capture({"pixel_values": torch.randn(2, 3, 8, 8)}, model, dynamic_shapes=shapes))
+    # Each side alone may grow (the other keeps the smaller side at 2 windows); both together may not.
+    assert exported.io.bounds["past_sequence"][1] == exported.io.bounds["width"][1] == 11
+    for rows, columns in ((8, 8), (5, 11), (11, 11), (11, 4)):
+        report = hfx.verify(model, {"pixel_values": torch.randn(2, 3, rows, columns)}, exported)
+        assert report.passed and report.max_abs == 0, str(report)
+    with pytest.raises(hfx.InputError):  # the eager model takes amax here, the program would have taken the mean
+        exported(pixel_values=torch.randn(2, 3, 16, 16))

@@ -33,6 +33,8 @@ from hfx.patches import (
     patch_real_fourier_mixing,
     patch_symbolic_step_positions,
     patch_tensor_len,
+    patch_unconditional_swin_pads,
+    patch_upsampled_to_input_length,
 )
 from hfx.patches._arch import (
     arange_padding_mask,
@@ -91,7 +93,8 @@ def test_arch_patches_are_bound_to_the_model(dinov2):
                                          patch_integer_pixel_shuffle, patch_deepstack_gather,
                                          patch_functional_token_shift, patch_eos_pooling_gather,
                                          patch_covering_average_pool, patch_symbolic_step_positions,
-                                         patch_one_chunk_loops, patch_integer_conv_padding]
+                                         patch_one_chunk_loops, patch_integer_conv_padding,
+                                         patch_upsampled_to_input_length, patch_unconditional_swin_pads]
     assert all(p.args == (dinov2,) for p in patches)
 
 

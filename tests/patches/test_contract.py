@@ -265,6 +265,11 @@ ROWS = (
     Row(patch=patches.patch_integer_conv_padding, args=_shared("feature-extraction:mimi_encoder"),
         slots=lambda model: [(_owner("transformers.models.mimi.modeling_mimi", "MimiConv1d"),
                               "_get_extra_padding_for_conv1d")]),
+    Row(patch=patches.patch_upsampled_to_input_length, args=_shared("ctc:sew"),
+        slots=lambda model: [(_owner("transformers.models.sew.modeling_sew", "SEWEncoder"), "forward")]),
+    Row(patch=patches.patch_unconditional_swin_pads, args=_shared("image-classification:swin"),
+        slots=lambda model: [(_owner("transformers.models.swin.modeling_swin", name), "maybe_pad")
+                             for name in ("SwinPatchEmbeddings", "SwinPatchMerging", "SwinLayer")]),
     Row(patch=patches.patch_tensor_len, args=_shared("llama"),
         slots=lambda model: [(vars(sys.modules["transformers.models.llama.modeling_llama"]), "len")], adds=True),
     Row(patch=patches.patch_position_interpolation, args=_shared("dinov2"),
