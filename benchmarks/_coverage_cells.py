@@ -79,13 +79,63 @@ def _forward_result(report: hfx.Report, seconds: float) -> dict[str, Any]:
 
 
 def hfx_forward(arch: str, runtime: str) -> dict[str, Any]:
-    """Export the forward at the capture shape, lower it, compare with eager at a new batch and sequence length."""
+    """Export the forward at the capture shape, lower it, compare with eager at a new batch and sequence length,
+    and, for an image model, at another image size wherever the program takes it."""
     model = zoo.build(arch)
     program, seconds = _timed(
         lambda: HFX_LOWERINGS[runtime](hfx.export(hfx.capture(zoo.forward_inputs(arch, **CAPTURE), model)))
     )
-    report = hfx.verify(model, zoo.forward_inputs(arch, **NEW_SHAPE), program, atol=ATOL, rtol=RTOL)
-    return _forward_result(report, seconds)
+    inputs = zoo.forward_inputs(arch, **NEW_SHAPE)
+    result = _forward_result(hfx.verify(model, inputs, program, atol=ATOL, rtol=RTOL), seconds)
+    resized = at_another_image_size(inputs)
+    if result["status"] == "pass" and resized is not None:
+        result.update(_at_image_size(model, resized, program))
+    return result
+
+
+def at_another_image_size(inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """``inputs`` with their images (``pixel_values``, batch x channels x H x W) at 1.5 H x 1.25 W, and every
+    other tensor that ends in H x W (a ``pixel_mask``) resized alike; ``None`` without images.
+
+    Example:
+        >>> resized = at_another_image_size({"pixel_values": torch.ones(2, 3, 32, 32), "pixel_mask": torch.ones(2, 32, 32)})
+        >>> {name: tuple(value.shape) for name, value in resized.items()}
+        {'pixel_values': (2, 3, 48, 40), 'pixel_mask': (2, 48, 40)}
+    """
+    pixels = inputs.get("pixel_values")
+    if not isinstance(pixels, torch.Tensor) or pixels.ndim != 4 or not pixels.is_floating_point():
+        return None
+    height, width = pixels.shape[-2:]
+    size = (height + height // 2, width + width // 4)
+    generator = torch.Generator().manual_seed(0)
+    resized = dict(inputs)
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor) and value.ndim >= 2 and tuple(value.shape[-2:]) == (height, width):
+            shape = (*value.shape[:-2], *size)
+            resized[name] = (torch.randn(shape, generator=generator, dtype=value.dtype) if value.is_floating_point()
+                             else torch.ones(shape, dtype=value.dtype))
+    return resized
+
+
+def _at_image_size(model: torch.nn.Module, inputs: dict[str, Any], program: Any) -> dict[str, Any]:
+    """The check at another image size: ``image_size`` says what happened (eager refuses it, the program refuses
+    it, or it matched); a program that takes the size and differs from eager fails the cell."""
+    size = "x".join(str(n) for n in inputs["pixel_values"].shape[-2:])
+    try:
+        with torch.no_grad():
+            model(**copy.deepcopy(inputs))
+    except Exception:  # noqa: BLE001 - the model itself takes one image size: nothing to compare
+        return {"image_size": f"{size}: eager refuses"}
+    try:
+        report = hfx.verify(model, inputs, program, atol=ATOL, rtol=RTOL)
+    except errors.InputError:
+        return {"image_size": f"{size}: refused"}
+    except Exception as exc:  # noqa: BLE001 - the program took the size and broke: a claim it does not keep
+        return {"status": "fail", "image_size": f"{size}: error", "reason": f"at {size}: {reason_of(exc)}"}
+    checked = _forward_result(report, 0.0)
+    if checked["status"] == "pass":
+        return {"image_size": f"{size}: pass"}
+    return {"status": "fail", "image_size": f"{size}: fail", "reason": f"at {size}: {checked['reason']}"}
 
 
 def _eager_tokens(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:

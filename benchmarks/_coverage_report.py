@@ -207,6 +207,16 @@ def generated_failures(cells: dict[str, Any]) -> list[str]:
     return lines or ["No cell fails."]
 
 
+def image_size_line(cells: dict[str, Any]) -> str:
+    """How many hfx forward cells were checked at another image size, and how that went."""
+    checked = [cell["image_size"].rsplit(": ", 1)[-1] for key, cell in cells.items()
+               if key.endswith(",forward,hfx") and "image_size" in cell]
+    found = {outcome: checked.count(outcome) for outcome in ("pass", "refused", "eager refuses", "fail", "error")}
+    return (f"Checked at another image size so far: {len(checked)} cells ("
+            + ", ".join(f"{n} {outcome}" for outcome, n in found.items()) + "); image cells run before this check"
+            " (no `image_size` in the JSON) were compared at the capture's image size only.")
+
+
 def generated_section(results: dict[str, Any], census: dict[str, Any]) -> list[str]:
     """The generated zoo's part of the page: census, pass counts per task and runtime, exclusions, failures."""
     cells = results.get("cells", {})
@@ -235,6 +245,10 @@ def generated_section(results: dict[str, Any], census: dict[str, Any]) -> list[s
         "whose generation config asks for beam search (FSMT), transformers' `generate` over the programs",
         "(`hfx.as_model`). Eager `generate` runs first; where it fails on the zoo's prompt (Pop2Piano wants",
         "`input_features` positionally) the cell is `n/a` and does not count, as a type whose eager forward fails.",
+        "A forward cell of an image model (`pixel_values`) also runs hfx's program on images of 1.5 H x 1.25 W",
+        "(`at_another_image_size`): where the program takes that size, it must match eager or the cell fails; a",
+        "program that refuses it (its bounds, an `InputError`) passes, as does one whose eager model refuses it.",
+        image_size_line(cells),
         "",
         "CI runs a sample of it (`.ci/run`): `hfx.zoo.sample(seed)` picks one runnable type per task, rotating with the",
         "commit count, and `benchmarks/coverage.py --zoo generated --sample SEED --tools hfx --kinds forward --check`",
