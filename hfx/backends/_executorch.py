@@ -64,7 +64,7 @@ from hfx.backends._common import (
 from hfx.backends._executorch_fixes import PTE_PATCHES
 from hfx.backends._executorch_threads import loading_on_threads
 from hfx.backends._executorch_rewrites import XNNPACK_REWRITES, PteRewrite, as_edge_passes
-from hfx.backends._size_arithmetic import remainders_of_signed_sizes
+from hfx.backends._size_arithmetic import integer_powers_as_products, remainders_of_signed_sizes
 from hfx.patches import Patch, with_patches
 from hfx._serial import one_at_a_time
 
@@ -495,7 +495,8 @@ def _to_pte(
         what = f"torch.export could not trace the graph again with the bounds {dict(bounds)}: {root_cause(exc)}."
         todo = "Lower with other max_sizes; the error names the dim torch.export disagrees with."
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
-    if remainders_of_signed_sizes(program.graph):  # ExecuTorch's prim mod takes C's remainder
+    # ExecuTorch's prim mod takes C's remainder, and it has no power of sizes
+    if remainders_of_signed_sizes(program.graph) + integer_powers_as_products(program.graph):
         program.graph_module.recompile()
     try:
         counts: dict[str, int] = {}

@@ -106,3 +106,40 @@ def remainders_of_signed_sizes(graph: Any, /, *, shift: int = INT64_SHIFT) -> in
     """
     return _shifted_dividends(graph, operator.mod, shift,
                               lambda graph, shifted, divisor, times: sym_node(graph, operator.mod, shifted, divisor))
+
+
+def integer_powers_as_products(graph: Any, /) -> int:
+    """Rewrite ``a ** k`` on a size with a small whole exponent as ``a * a * ... * a``.
+
+    sympy writes a size times itself as a power (Swin's ``window_size * window_size`` when the window
+    is clamped to a dynamic feature map: ``Min(h, w)**2``), and torch.export puts Python's
+    ``operator.pow`` in the graph; ExecuTorch 1.5.1 has no primitive for it ("invalid target for
+    call_function <built-in function pow>"). A product of sizes is one it runs. Exponents from 2 to
+    8 are rewritten; returns how many powers were.
+
+    Example:
+        >>> import torch.fx
+        >>> graph = torch.fx.Graph()
+        >>> size = graph.placeholder("size")
+        >>> size.meta["val"] = 5
+        >>> _ = graph.output(graph.call_function(operator.pow, (size, 3)))
+        >>> integer_powers_as_products(graph), [n.target.__name__ for n in graph.nodes if n.op == "call_function"]
+        (1, ['mul', 'mul'])
+        >>> [n.meta["val"] for n in graph.nodes if n.op == "call_function"]
+        [25, 125]
+    """
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not operator.pow or len(node.args) != 2:
+            continue
+        base, exponent = node.args
+        if not (isinstance(exponent, int) and 2 <= exponent <= 8 and is_size(base)):
+            continue
+        with graph.inserting_before(node):
+            product = base
+            for _ in range(exponent - 1):
+                product = sym_node(graph, operator.mul, product, base)
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+        count += 1
+    return count

@@ -135,3 +135,35 @@ def test_without_the_rewrite_executorchs_remainder_still_takes_the_dividends_sig
     program = hfx.lower_to_pte(_exported(_PaddedToBlocks()))
     with pytest.raises(hfx.LoweringError, match="InvalidArgument"):  # "Padding values must be non-negative"
         program(input_ids=torch.ones(3, 7, dtype=torch.long))
+
+
+# --- powers: ExecuTorch has no power of sizes ----------------------------------------------------------------
+
+
+class _SquaredWindow(torch.nn.Module):
+    """A window clamped to the sequence, its area written as a power (``n ** 2``), as sympy writes Swin's."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        n = torch.sym_min(input_ids.shape[1], 4)
+        return torch.ones(n ** 2, dtype=torch.long).sum() + input_ids[:, :n].sum(-1)
+
+
+def test_a_size_squared_is_lowered_to_executorch_as_a_product():
+    pytest.importorskip("executorch")
+    module = _SquaredWindow()
+    exported = _exported(module)
+    assert operator.pow in {node.target for node in exported.program.graph.nodes}
+    program = hfx.lower_to_pte(exported)
+    for length in (2, 3, 6, 9):
+        input_ids = torch.arange(3 * length).view(3, length)
+        assert torch.equal(program(input_ids=input_ids), module(input_ids)), length
+
+
+def test_without_the_rewrite_executorch_still_has_no_power_of_sizes(monkeypatch):
+    """Canary: when this fails, ExecuTorch runs ``operator.pow`` of sizes and ``integer_powers_as_products`` can go."""
+    pytest.importorskip("executorch")
+    from hfx.backends import _executorch
+
+    monkeypatch.setattr(_executorch, "integer_powers_as_products", lambda graph: 0)
+    with pytest.raises(hfx.LoweringError, match="invalid target for call_function <built-in function pow>"):
+        hfx.lower_to_pte(_exported(_SquaredWindow()))
