@@ -226,14 +226,17 @@ def _narrow(program: torch.export.ExportedProgram, kwargs: Mapping[str, Any], sh
 
 def asserted_ranges(program: torch.export.ExportedProgram, kwargs: Mapping[str, Any], shapes: DynamicShapes,
                     branches: Sequence[Any]) -> dict[str, tuple[int, int | None] | None]:
-    """Each dynamic dim of ``program`` one of the model's ``branches`` (``recording_branches``) names alone: the
-    sizes around its traced one where every such condition holds (``condition_interval``), ``None`` where they
-    fail next to it.
+    """Each dynamic dim of ``program`` the model's ``branches`` (``recording_branches``) name: the sizes around
+    its traced one where every such condition holds, the other dims at their traced sizes
+    (``condition_interval``), cut to a box where the conditions on several dims hold together
+    (``jointly_held``); ``None`` where they fail next to it.
 
     Model pattern: a branch on a size, taken at the traced one, which torch can neither
     prove over the dim's range nor state as one, kept as an assert (Swin pads an odd
-    feature map and shifts its windows only above the window size: traced at 64 px,
-    the program is Swin's at 64 px alone; at 128 px it stopped inside the graph).
+    feature map and shifts its windows only above the window size, ``Min(rows, columns) <= 2``:
+    traced at 64 px, the program was Swin's at 61 to 64 px alone; at 128 px it stopped inside
+    the graph). Equations between dims and conditions on one span's dims (``total <=
+    past + sequence``) are relations hfx checks itself, not branches.
     """
     from hfx._export.guard_ranges import condition_interval, jointly_held
 

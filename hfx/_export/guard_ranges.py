@@ -157,7 +157,6 @@ def condition_interval(
     return _widest(holding(inequations=True), size, bounds, below=holding(inequations=False))
 
 
-
 def _compiled(conditions: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]] | None:
     """Each ``(sympy condition, tag)`` as ``(code object, tag)``; ``None`` where one cannot be printed as Python."""
     from torch.utils._sympy.printers import PythonPrinter
