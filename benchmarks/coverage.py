@@ -103,6 +103,19 @@ def planned_cells(archs: list[str], runtimes: list[str], kinds: list[str], tools
     ]
 
 
+def beside_failures(keys: list[str], recorded: dict[str, Any]) -> list[str]:
+    """The peer's cells of ``keys`` whose hfx cell fails in ``recorded``: where the peer passing would be a cell
+    "the peer passes and hfx does not".
+
+    Example:
+        >>> beside_failures(["a,onnx,forward,peer", "b,onnx,forward,peer", "a,onnx,forward,hfx"],
+        ...                 {"a,onnx,forward,hfx": {"status": "fail"}, "b,onnx,forward,hfx": {"status": "pass"}})
+        ['a,onnx,forward,peer']
+    """
+    return [key for key in keys if key.endswith(",peer")
+            and recorded.get(key.removesuffix(",peer") + ",hfx", {}).get("status") == "fail"]
+
+
 def load_results(path: Path = RESULTS) -> dict[str, Any]:
     """The accumulated results, or an empty record."""
     if path.exists():
@@ -322,6 +335,9 @@ def main() -> None:
     parser.add_argument("--shard", help="K/N: run only the K-th of N parts of the planned cells")
     parser.add_argument("--sample", type=int, help="generated zoo: only the types sample(SEED) picks")
     parser.add_argument("--census", action="store_true", help="run the generated zoo's census (--tasks, --force)")
+    parser.add_argument("--beside-failures", action="store_true",
+                        help="only the peer's cells beside hfx cells that fail on record (with --tools peer): "
+                             "does the peer pass where hfx does not")
     parser.add_argument("--check", action="store_true",
                         help="run the planned cells without saving; exit 1 if a cell that passes on record fails")
     parser.add_argument("--census-worker", help=argparse.SUPPRESS)
@@ -364,6 +380,8 @@ def main() -> None:
     keys = shard(planned_cells(archs, _names(args.runtimes, cells.RUNTIMES), _names(args.kinds, cells.KINDS),
                                _names(args.tools, cells.TOOLS)), args.shard)
     done = load_results(path)["cells"]
+    if args.beside_failures:
+        keys = beside_failures(keys, done)
     if args.check:
         print(f"checking {len(keys)} cells against {path.relative_to(ROOT)}", flush=True)
         regressions = check(keys, jobs=args.jobs, timeout=args.timeout, recorded=done)

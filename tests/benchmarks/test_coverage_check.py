@@ -15,3 +15,9 @@ def test_a_cell_that_passes_on_record_and_fails_now_is_a_regression(monkeypatch,
     assert regressions == ["a,onnx,forward,hfx"]  # a fixed cell (b), a known failure (c) and a new one (d) are not
     printed = capsys.readouterr().out
     assert "d,onnx,forward,hfx" in printed and "(on record: -" in printed
+
+
+def test_the_peer_is_run_beside_the_cells_hfx_fails_only():
+    keys = ["a,onnx,forward,peer", "b,onnx,forward,peer", "c,onnx,forward,peer", "a,onnx,forward,hfx"]
+    recorded = {"a,onnx,forward,hfx": {"status": "fail"}, "b,onnx,forward,hfx": {"status": "pass"}}
+    assert coverage.beside_failures(keys, recorded) == ["a,onnx,forward,peer"]  # c: no hfx cell on record
