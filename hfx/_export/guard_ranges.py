@@ -13,6 +13,7 @@ model's there, and hfx refuses any other size (its bounds).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,7 +93,7 @@ def _widest(holds: Any, size: int, bounds: tuple[int, int | None], below: Any = 
         lo = size
         while lo - 1 >= low and below(lo - 1):
             lo -= 1
-        limit = high if high is not None else max(_SCAN_LIMIT, size)
+        limit = _scanned(bounds, size)[1]
         hi = size
         while hi + 1 <= limit and holds(hi + 1):
             hi += 1
@@ -206,12 +207,13 @@ def jointly_held(
         dims = sorted(symbols, key=str)
         if any(cut.get(dim) is None for dim in dims):
             continue
-        box = _largest_box(code, {dim: _scanned(cut[dim], sizes[dim]) for dim in dims}, sizes)
+        full = {dim: _scanned(cut[dim], sizes[dim]) for dim in dims}
+        box = _largest_box(code, full, sizes)
         for dim in dims:
             if box is None or box[dim][0] == box[dim][1]:
                 cut[dim] = None
             else:
-                unbounded = cut[dim][1] is None and box[dim][1] == _scanned(cut[dim], sizes[dim])[1]
+                unbounded = cut[dim][1] is None and box[dim][1] == full[dim][1]
                 cut[dim] = (box[dim][0], None if unbounded else box[dim][1])
     return cut
 
@@ -244,13 +246,12 @@ def _largest_box(code: Any, full: Mapping[Any, tuple[int, int]], sizes: Mapping[
 
 
 def _scanned(interval: tuple[int, int | None], size: int) -> tuple[int, int]:
+    """``interval`` with an open end closed at ``_SCAN_LIMIT`` (or ``size``, if larger): as far as a scan goes."""
     lo, hi = interval
     return lo, hi if hi is not None else max(_SCAN_LIMIT, size)
 
 
 def _box_holds(code: Any, box: Mapping[Any, tuple[int, int]], sizes: Mapping[Any, int]) -> bool:
-    import itertools
-
     names = [str(dim) for dim in box]
     ladders = [_sample_sizes(lo, hi, sizes[dim]) for dim, (lo, hi) in box.items()]
     try:
