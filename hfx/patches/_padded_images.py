@@ -76,7 +76,8 @@ def _padded_tower_forward(grids: list[tuple[Any, Any]]) -> Callable[..., Any]:
 
 
 def _padded_merger_forward(grids: list[tuple[Any, Any]], original: Callable[..., Any]) -> Callable[..., Any]:
-    """The patch merger over the padded grid the tower recorded, merged cells of every image first (valid first)."""
+    """The patch merger over the padded grid the tower recorded: the merged cells inside each image's size, in
+    transformers' order (eager's rows, their count read from ``image_sizes``)."""
 
     def forward(self: torch.nn.Module, image_features: torch.Tensor, image_sizes: Any) -> torch.Tensor:
         if not grids:  # features that did not come from the patched tower
@@ -91,26 +92,31 @@ def _padded_merger_forward(grids: list[tuple[Any, Any]], original: Callable[...,
         # F.unfold's layout: channel-major, then the row and column inside the merged cell
         cells = grid.reshape(images, merged_rows, merge, merged_cols, merge, width).permute(0, 1, 3, 5, 2, 4)
         cells = cells.reshape(images * merged_rows * merged_cols, width * merge * merge)
-        inside = _inside(sizes // self.patch_size // merge, merged_rows, merged_cols)
-        return self.merging_layer(valid_first(cells, inside.flatten()))
+        inside = _inside(sizes // self.patch_size // merge, merged_rows, merged_cols).flatten()
+        merged = self.merging_layer(valid_first(cells, inside))
+        # eager's rows: the merged cells inside each image's size, a count read from ``image_sizes``
+        count = inside.sum().item()
+        torch._check(count >= 0)
+        torch._check(count <= merged.shape[0])
+        return merged.narrow(0, 0, count)
 
     return forward
 
 
 def padded_placeholder_mask(self: torch.nn.Module, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor,
                             image_features: torch.Tensor) -> torch.Tensor:
-    """transformers' image placeholder mask, checking that the features cover the placeholders rather than match them.
+    """transformers' image placeholder mask, with its check (one feature row per placeholder) as a runtime check.
 
-    ``get_placeholder_mask`` requires exactly one feature row per placeholder; over a padded batch the
-    merger returns a row per merged cell of the padded grid, every image's own rows first, and
-    ``masked_scatter`` reads only as many rows as there are placeholders.
+    ``get_placeholder_mask`` raises unless ``n_image_tokens * hidden == image_features.numel()``; over a
+    padded batch both counts are read from inputs (the prompt's placeholders, ``image_sizes``), and a
+    Python comparison of two such counts stops torch.export. ``torch._check`` states the same equation.
     """
     if input_ids is None:
         image_token = torch.full((), self.config.image_token_id, dtype=torch.long, device=inputs_embeds.device)
         mask = (inputs_embeds == self.get_input_embeddings()(image_token)).all(-1)
     else:
         mask = input_ids == self.config.image_token_id
-    torch._check(mask.sum().item() * inputs_embeds.shape[-1] <= image_features.numel())
+    torch._check(mask.sum().item() * inputs_embeds.shape[-1] == image_features.numel())
     return mask.unsqueeze(-1).to(inputs_embeds.device)
 
 
@@ -123,10 +129,10 @@ def patch_padded_image_batch(model: torch.nn.Module) -> Iterator[None]:
     per image (``image_features.split(tokens_per_image)``): Pixtral, Mistral 3, LightOnOCR, Mistral
     Large 4 in transformers 5.22-5.24. Within the block the tower embeds every patch of the padded batch,
     masks attention to its own image's patches inside its size (rotary positions as the crop gives
-    them), and the merger merges the padded grid, putting every image's merged cells inside its size
-    first, in transformers' order: the features the model scatters into its placeholders, for any
-    number and size of images. The model's placeholder check then asks for at least as many feature
-    rows as placeholders (``padded_placeholder_mask``). A tower with no such merger after it (LLaVA over
+    them), and the merger merges the padded grid and keeps the merged cells inside each image's size,
+    in transformers' order: eager's features, for any number and size of images (their count is read
+    from ``image_sizes``, a data-dependent size). The model's placeholder check becomes a runtime check
+    (``padded_placeholder_mask``). A tower with no such merger after it (LLaVA over
     Pixtral) is left as it is: its reader would get the padding between the images' tokens. A tower
     called alone returns the padded grid's tokens, which are transformers' packed tokens when no image
     is padded. A no-op for other models. Delete when transformers' Pixtral stops looping over images.
