@@ -16,6 +16,8 @@ from typing import Any
 import attrs
 
 CACHE_INPUT = "past_key_values"
+# The CPU plugin's bound on the weights of a FullyConnected it may run as a 1x1 convolution (below).
+_CONVOLUTION_WEIGHT_BYTES = 16 << 20
 CACHE_OUTPUT = "present"
 BEAM_INPUT = "beam_idx"
 
@@ -71,8 +73,49 @@ def stateful_model(model: Any, /) -> Any:
             # An empty cache: the request's batch, the static head and feature sizes, a past of its minimum (0).
             sizes = [batch, *(ops.constant([shape[i].get_min_length()], ov.Type.i64) for i in range(1, shape.rank.get_length()))]
             op.set_arguments([ops.broadcast(ops.constant(0.0, op.get_output_element_type(0)), ops.concat(sizes, 0))])
+    linear_inputs_as_4d(model)
     model.validate_nodes_and_infer_types()
     return model
+
+
+def linear_inputs_as_4d(model: Any, /) -> int:
+    """Give each linear layer of ``model`` under 16 MiB of weights a 4-D input (``unsqueeze(0)`` before the
+    ``MatMul``, ``squeeze(0)`` after), in place; return how many.
+
+    Workaround (OpenVINO 2026.4.1's CPU plugin, ``fullyconnected_implementations.cpp``): on a CPU with
+    AVX-512 a FullyConnected over a 2-D or 3-D input whose weights are under 16 MiB runs as a brgemm 1x1
+    convolution when it gets 2 to 3136 rows and as oneDNN's inner product for one row, and each packs
+    its own copy of the weights. A stateful model serves the prompt (many rows) and every step (one row),
+    so it held two copies of most weights (a SmolLM-135M-shaped decoder: 2.04x the weight bytes while
+    generating, 1.64x with this). Over a 4-D input the convolution declines ("one_of(srcRank, 2, 3)")
+    and the inner product, with one weight layout, serves every row count; on a CPU without AVX-512 it
+    did anyway. The weights of a larger layer (a vocabulary's ``lm_head``) are left alone, as is the
+    matmul that makes an output (OpenVINO GenAI slices the logits' input there). Delete when the plugin
+    keeps one layout per weight.
+    """
+    import numpy as np
+    from openvino import opset13 as ops
+
+    outputs = {result.input_value(0).get_node().get_friendly_name() for result in model.get_results()}
+    wrapped = 0
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "MatMul" or op.get_friendly_name() in outputs:
+            continue
+        rows, weights = op.input_value(0), op.input_value(1)
+        constant = weights.get_node()
+        if rows.get_partial_shape().rank.get_length() != 3 or constant.get_type_name() != "Constant":
+            continue
+        if constant.get_byte_size() >= _CONVOLUTION_WEIGHT_BYTES:
+            continue
+        readers = list(op.output(0).get_target_inputs())
+        axis = ops.constant(np.array([0], dtype=np.int64))
+        matmul = ops.matmul(ops.unsqueeze(rows, axis), weights, op.get_transpose_a(), op.get_transpose_b())
+        matmul.set_friendly_name(op.get_friendly_name())
+        squeezed = ops.squeeze(matmul, axis)
+        for reader in readers:
+            reader.replace_source_output(squeezed.output(0))
+        wrapped += 1
+    return wrapped
 
 
 def stateful_io(io: Any, /) -> Any:

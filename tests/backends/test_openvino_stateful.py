@@ -108,3 +108,35 @@ def test_as_model_refuses_to_crop_the_stateful_cache(llama, parts, stateful):
     for drafts in ({"assistant_model": llama}, {"prompt_lookup_num_tokens": 2}):
         with pytest.raises(ValueError, match=r"cannot be cropped.*stateful=False"), torch.no_grad():
             view.generate(**prompt, max_new_tokens=4, do_sample=False, **drafts)
+
+
+def _matmul_input_ranks(model) -> list[int]:
+    """The rank of the rows each matmul over constant weights takes, in graph order."""
+    return [op.input_value(0).get_partial_shape().rank.get_length() for op in model.get_ordered_ops()
+            if op.get_type_name() == "MatMul" and op.input_value(1).get_node().get_type_name() == "Constant"]
+
+
+def test_each_layer_takes_4d_rows_so_the_cpu_keeps_one_weight_layout(parts, stateful):
+    # 2 layers x (q, k, v, o, gate, up, down) over 4-D rows; the lm_head that makes the logits keeps its 3-D rows
+    assert _matmul_input_ranks(stateful.model) == [4] * 14 + [3]
+    assert _matmul_input_ranks(hfx.lower_to_ov(parts["decode"]).model) == [3] * 15  # a stateless graph is left alone
+
+
+def test_linear_inputs_as_4d_leaves_large_weights_and_outputs_alone():
+    import numpy as np
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    from hfx.backends._openvino_stateful import linear_inputs_as_4d
+
+    rows = ops.parameter([-1, -1, 8], ov.Type.f32, name="rows")
+    hidden = ops.matmul(rows, ops.constant(np.ones((8, 8), np.float32)), False, True)
+    large = ops.matmul(hidden, ops.constant(np.ones((1 << 19, 8), np.float32)), False, True)  # 16 MiB of weights
+    small_out = ops.matmul(hidden, ops.constant(np.ones((4, 8), np.float32)), False, True)  # makes an output
+    model = ov.Model([ops.reduce_sum(large, ops.constant(np.array([2])), False), small_out], [rows])
+    assert linear_inputs_as_4d(model) == 1
+    model.validate_nodes_and_infer_types()
+    assert _matmul_input_ranks(model) == [4, 3, 3]
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    got = compiled({"rows": np.ones((2, 3, 8), np.float32)})
+    np.testing.assert_allclose(got[compiled.outputs[1]], np.full((2, 3, 4), 64.0))
