@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hfx
-from hfx._mapped_pages import drop_resident_pages, read_only_mappings
+from hfx._mapped_pages import drop_resident_pages, read_back_page_by_page, read_only_mappings
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps and madvise are Linux's")
 
@@ -33,6 +33,21 @@ def test_the_pages_of_a_read_only_mapping_are_dropped_and_read_back_the_same(tmp
         assert _resident_kb(start) < 4096
         assert mapped[:] == data
     assert read_only_mappings(path) == [] and drop_resident_pages(path) == 0
+
+
+def test_after_read_back_page_by_page_a_row_read_maps_one_small_page(tmp_path):
+    path = tmp_path / "weights.bin"
+    data = bytes(range(256)) * (32 << 12)  # 32 MiB, just written: the page cache may hold it in large folios
+    path.write_bytes(data)
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        assert mapped[:] == data
+        (start, _), = read_only_mappings(path)
+        drop_resident_pages(path)
+        assert read_back_page_by_page(path)
+        assert mapped[(16 << 20) + 5] == data[(16 << 20) + 5]  # one row of an embedding, say
+        assert _resident_kb(start) <= 64  # a page (fault-around maps no more than 64 KB), not a 2 MB folio
+        assert mapped[:] == data
+    assert not read_back_page_by_page(path)  # no mapping left
 
 
 def test_a_loaded_openvino_program_keeps_no_weight_pages_it_read_while_compiling(tmp_path):
