@@ -7,6 +7,8 @@ and each matching ``present.*`` output the value written back, so the cache
 never leaves the runtime between steps. A ``beam_idx`` input reorders the cache
 rows before each step (beam search; ``arange(batch)`` keeps them). The state of
 a new request starts empty: ``batch`` rows (from ``input_ids``) and a past of 0.
+It returns the logits of the last position only (``last_position_logits``), and
+its linear layers keep one packed weight layout on the CPU (``linear_inputs_as_4d``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ CACHE_INPUT = "past_key_values"
 _CONVOLUTION_WEIGHT_BYTES = 16 << 20
 CACHE_OUTPUT = "present"
 BEAM_INPUT = "beam_idx"
+LOGITS = "logits"
 
 
 def cache_pairs(model: Any) -> list[tuple[Any, Any]]:
@@ -73,9 +76,54 @@ def stateful_model(model: Any, /) -> Any:
             # An empty cache: the request's batch, the static head and feature sizes, a past of its minimum (0).
             sizes = [batch, *(ops.constant([shape[i].get_min_length()], ov.Type.i64) for i in range(1, shape.rank.get_length()))]
             op.set_arguments([ops.broadcast(ops.constant(0.0, op.get_output_element_type(0)), ops.concat(sizes, 0))])
+    last_position_logits(model)
     linear_inputs_as_4d(model)
     model.validate_nodes_and_infer_types()
     return model
+
+
+# Ops between the lm_head and the logits that act on each position alone (a soft cap: divide, tanh, multiply).
+_POSITIONWISE = frozenset({"Add", "Subtract", "Multiply", "Divide", "Tanh", "Convert"})
+
+
+def _logits_matmul(model: Any) -> Any | None:
+    """The matmul that makes the ``logits`` output (through position-wise ops after it), or ``None``."""
+    result = next((r for r in model.get_results() if LOGITS in r.output(0).get_names()
+                   or LOGITS in r.input_value(0).get_names()), None)
+    node = None if result is None else result.input_value(0).get_node()
+    while node is not None and node.get_type_name() in _POSITIONWISE:
+        computed = [value for value in node.input_values() if value.get_node().get_type_name() != "Constant"]
+        node = computed[0].get_node() if len(computed) == 1 else None
+    return node if node is not None and node.get_type_name() == "MatMul" else None
+
+
+def last_position_logits(model: Any, /) -> bool:
+    """Make ``model``'s lm_head read only the last position, in place: a 3-D ``logits`` becomes ``[batch, 1,
+    vocab]``; whether the lm_head was found (if not, the output itself is sliced).
+
+    A stateful model only generates: every caller reads the last position's logits (``hfx.generate``,
+    transformers' ``generate`` through ``hfx.as_model``, which refuses assisted decoding on it, and
+    OpenVINO GenAI, which slices the same input itself). The prompt's other positions cost the lm_head's
+    compute (a fifth of a SmolLM-135M-shaped prompt's) and their logits' memory (128 x 49152 floats a
+    row, held by the plugin and the output).
+    """
+    import numpy as np
+    from openvino import opset13 as ops
+
+    def sliced(port: Any) -> None:
+        # a gather of index [-1] on the position axis: a length of 1 that shape inference knows (a slice's is "..1")
+        index, axis = ops.constant(np.array([-1], dtype=np.int64)), ops.constant(np.int64(1))
+        last = ops.gather(port.get_source_output(), index, axis)
+        port.replace_source_output(last.output(0))
+
+    matmul = _logits_matmul(model)
+    if matmul is not None and matmul.input_value(0).get_partial_shape().rank.get_length() == 3:
+        sliced(matmul.input(0))
+        return True
+    for result in model.get_results():
+        if LOGITS in result.output(0).get_names() and result.get_output_partial_shape(0).rank.get_length() == 3:
+            sliced(result.input(0))
+    return False
 
 
 def linear_inputs_as_4d(model: Any, /) -> int:
@@ -97,6 +145,8 @@ def linear_inputs_as_4d(model: Any, /) -> int:
     from openvino import opset13 as ops
 
     outputs = {result.input_value(0).get_node().get_friendly_name() for result in model.get_results()}
+    head = _logits_matmul(model)
+    outputs |= set() if head is None else {head.get_friendly_name()}
     wrapped = 0
     for op in model.get_ordered_ops():
         if op.get_type_name() != "MatMul" or op.get_friendly_name() in outputs:
@@ -116,6 +166,11 @@ def linear_inputs_as_4d(model: Any, /) -> int:
             reader.replace_source_output(squeezed.output(0))
         wrapped += 1
     return wrapped
+
+
+def _last_position(spec: Any) -> Any:
+    """``spec`` with one position: ``[batch, sequence, vocab]`` -> ``[batch, 1, vocab]``."""
+    return attrs.evolve(spec, shape=(spec.shape[0], 1, *spec.shape[2:]))
 
 
 def stateful_io(io: Any, /) -> Any:
@@ -151,5 +206,7 @@ def stateful_io(io: Any, /) -> Any:
     ids = next(spec for spec in io.inputs if spec.name == "input_ids")
     beam = TensorSpec(name=BEAM_INPUT, dtype="int32", shape=ids.shape[:1])  # one row index per batch row
     present = {CACHE_OUTPUT + name.removeprefix(CACHE_INPUT) for name in cached}
-    outputs_kept = [spec for spec in io.outputs if spec.name not in present]
+    # the last position's logits only (last_position_logits)
+    outputs_kept = [_last_position(spec) if spec.name == LOGITS and len(spec.shape) == 3 else spec
+                    for spec in io.outputs if spec.name not in present]
     return attrs.evolve(io, inputs=(*inputs, beam), outputs=outputs_kept, in_spec=in_spec, out_spec=out_spec)

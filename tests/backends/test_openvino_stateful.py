@@ -38,6 +38,7 @@ def test_the_program_takes_no_cache_and_names_the_state(stateful):
     assert stateful.state == tuple(f"past_key_values.layers.{i}.{kind}" for i in range(2) for kind in ("keys", "values"))
     assert stateful.io.input_names == ("input_ids", "position_ids", "attention_mask", "beam_idx")
     assert stateful.io.output_names == ("logits",)
+    assert stateful.io.outputs[0].shape[:2] == ("batch", 1)  # the last position's: what generation reads
     assert len(stateful.model.get_sinks()) == 4
 
 
@@ -56,8 +57,9 @@ def test_a_call_starts_from_an_empty_cache_and_a_session_keeps_it(parts, statefu
     rows = torch.arange(2, dtype=torch.int32)
     empty = hfx._generate.initial_cache(stateless, 2, "past_key_values")  # noqa: SLF001
     want = stateless(**feed, past_key_values=empty)
-    for _ in range(2):  # twice: each plain call starts again
-        torch.testing.assert_close(stateful(**feed, beam_idx=rows).logits, want.logits, atol=FP32_ONE_BLOCK, rtol=FP32_ONE_BLOCK)
+    for _ in range(2):  # twice: each plain call starts again; the last position's logits only
+        got = stateful(**feed, beam_idx=rows).logits
+        torch.testing.assert_close(got, want.logits[:, -1:], atol=FP32_ONE_BLOCK, rtol=FP32_ONE_BLOCK)
     session = stateful.session()
     session(**feed, beam_idx=rows)
     token = want.logits[:, -1].argmax(-1, keepdim=True)
@@ -140,3 +142,36 @@ def test_linear_inputs_as_4d_leaves_large_weights_and_outputs_alone():
     compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     got = compiled({"rows": np.ones((2, 3, 8), np.float32)})
     np.testing.assert_allclose(got[compiled.outputs[1]], np.full((2, 3, 4), 64.0))
+
+
+def test_the_lm_head_reads_the_last_position_only(stateful):
+    (result,) = stateful.model.get_results()
+    head = result.input_value(0).get_node()
+    assert head.get_type_name() == "MatMul" and head.input_value(0).get_node().get_type_name() == "Gather"
+    assert result.get_output_partial_shape(0)[1].get_length() == 1
+
+
+def test_last_position_logits_slices_under_a_soft_cap_or_else_the_output():
+    import numpy as np
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    from hfx.backends._openvino_stateful import last_position_logits
+
+    def model(capped: bool, through_matmul: bool = True) -> ov.Model:
+        rows = ops.parameter([-1, -1, 4], ov.Type.f32, name="rows")
+        logits = ops.matmul(rows, ops.constant(np.eye(4, dtype=np.float32)), False, True) if through_matmul else rows
+        if capped:  # Gemma 2's final soft cap: tanh(x / 30) * 30
+            thirty = ops.constant(np.float32(30))
+            logits = ops.multiply(ops.tanh(ops.divide(logits, thirty)), thirty)
+        logits.output(0).set_names({"logits"})
+        return ov.Model([logits], [rows])
+
+    rows = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    for capped, through_matmul, found in ((False, True, True), (True, True, True), (False, False, False)):
+        graph = model(capped, through_matmul)
+        assert last_position_logits(graph) is found
+        graph.validate_nodes_and_infer_types()
+        got = ov.Core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})({0: rows})[0]
+        want = np.tanh(rows / 30) * 30 if capped else rows
+        np.testing.assert_allclose(got, want[:, -1:], rtol=1e-6)
