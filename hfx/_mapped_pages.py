@@ -60,12 +60,15 @@ def read_back_page_by_page(path: str | Path) -> bool:
     ranges = read_only_mappings(path)
     if not ranges or name is None or not hasattr(os, "posix_fadvise"):
         return False
-    descriptor = os.open(path, os.O_RDONLY)
     try:
-        os.fdatasync(descriptor)  # the page cache drops clean pages only: a file just saved may not be written yet
-        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(descriptor)
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(descriptor)  # the page cache drops clean pages only: a file just saved may not be written yet
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(descriptor)
+    except OSError:  # a file system that takes no such advice (read-only, remote): the pages stay as they are
+        return False
     madvise = ctypes.CDLL(name, use_errno=True).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return all(madvise(start, end - start, _MADV_RANDOM) == 0 for start, end in ranges)
