@@ -371,6 +371,50 @@ def masked_row_fills_as_where(graph: Any, /) -> None:
         graph.erase_node(node)
 
 
+def _static_size(value: Any, dim: int) -> int | None:
+    """``value``'s size along ``dim`` if the graph knows it as an int, else ``None``."""
+    shape = getattr(getattr(value, "meta", {}).get("val"), "shape", None)
+    return shape[dim] if shape is not None and -len(shape) <= dim < len(shape) and isinstance(shape[dim], int) else None
+
+
+def splits_of_a_cat_as_its_operands(graph: Any, /) -> None:
+    """Read the parts of a split that undoes a ``cat`` (same dim, same boundaries) from the cat's operands.
+
+    Model pattern: GLM-5-Next's sparse-attention indexer packs its keys, gate scores and valid mask
+    with ``torch.cat([k, gate_scores, valid_channel], dim=-1)`` (a cache keeps them together) and
+    unpacks them with ``torch.split(packed, [head_dim, head_dim, 1], dim=-1)`` (transformers
+    5.22-5.24). OpenVINO 2026.4.1's CPU plugin fails to compile that model ("While validating node
+    'opset1::VariadicSplit' ... Default output not supported"), also when the split is written as
+    slices (the plugin fuses them back). Where the split's sizes are the operands' sizes along the
+    cat's dim, each part is its operand: the same values, and no split. Other splits and cats are
+    left as they are. Delete when the plugin compiles such a split.
+    """
+    import operator
+
+    import torch
+
+    aten = torch.ops.aten
+    for node in [n for n in graph.nodes if n.target is aten.split_with_sizes.default]:
+        source, sizes = node.args[0], list(node.args[1])
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+        if getattr(source, "target", None) is not aten.cat.default or not all(
+                user.target is operator.getitem for user in node.users):
+            continue
+        operands = list(source.args[0])
+        cat_dim = source.args[1] if len(source.args) > 1 else source.kwargs.get("dim", 0)
+        rank = len(source.meta["val"].shape) if "val" in source.meta else None
+        if rank is None or dim % rank != cat_dim % rank or len(operands) != len(sizes):
+            continue
+        if [_static_size(operand, cat_dim) for operand in operands] != sizes:
+            continue
+        for user in list(node.users):
+            user.replace_all_uses_with(operands[user.args[1]])
+            graph.erase_node(user)
+        graph.erase_node(node)
+        if not source.users:
+            graph.erase_node(source)
+
+
 def separate_outputs(graph: Any, /) -> None:
     """Give each graph output its own node when it repeats another output or returns an input as is.
 
@@ -416,5 +460,6 @@ OV_GRAPH_FIXES: tuple[OvGraphFix, ...] = (
     linspaces_of_float_sizes_as_ranges,
     index_add_with_alpha,
     masked_row_fills_as_where,
+    splits_of_a_cat_as_its_operands,
     separate_outputs,
 )

@@ -29,6 +29,7 @@ from hfx.backends._openvino_fixes import (  # noqa: E402
     power_by_products,
     negate_by_multiplying,
     separate_outputs,
+    splits_of_a_cat_as_its_operands,
     static_view_sizes,
 )
 
@@ -393,3 +394,35 @@ def test_without_linspaces_of_float_sizes_as_ranges_the_linspace_still_fails():
     """Canary: when this fails, OpenVINO converts ``sym_float`` and the fix can go."""
     with pytest.raises(hfx.LoweringError, match="No conversion rule found for operations: <function sym_float"):
         lower_to_ov(_reference_points(), graph_fixes=_without(linspaces_of_float_sizes_as_ranges))
+
+
+# --- a split that undoes a cat -----------------------------------------------------------------------------
+
+
+class _PackedThenSplit(torch.nn.Module):
+    """GLM-5-Next's indexer: keys, gate scores and a valid mask packed with ``cat``, unpacked with ``split``;
+    and a split at other boundaries, which stays."""
+
+    def forward(self, keys, scores, valid):
+        packed = torch.cat([keys, scores, valid[..., None].to(keys.dtype)], dim=-1)
+        k, g, v = torch.split(packed, [4, 4, 1], dim=-1)
+        first, rest = torch.split(packed, [2, 7], dim=-1)
+        return {"out": k * g + v, "first": first * 2, "rest": rest.sum(-1)}
+
+
+def test_a_split_that_undoes_a_cat_reads_the_operands_and_keeps_the_values():
+    inputs = {"keys": torch.randn(2, 5, 4), "scores": torch.randn(2, 5, 4), "valid": torch.ones(2, 5, dtype=torch.bool)}
+    exported = _exported(_PackedThenSplit(), **inputs)
+    module = exported.program.module()
+    splits = [n for n in module.graph.nodes if n.target is torch.ops.aten.split_with_sizes.default]
+    assert len(splits) == 2
+    splits_of_a_cat_as_its_operands(module.graph)
+    module.recompile()
+    kept = [n.args[1] for n in module.graph.nodes if n.target is torch.ops.aten.split_with_sizes.default]
+    assert kept == [[2, 7]]  # the split at the cat's own boundaries is gone, the other stays
+    other = {"keys": torch.randn(2, 5, 4), "scores": torch.randn(2, 5, 4), "valid": torch.rand(2, 5) > 0.5}
+    want = _PackedThenSplit()(**other)
+    got = module(**other)
+    assert all(torch.equal(got[name], want[name]) for name in want)
+    lowered = lower_to_ov(exported)(**other)
+    assert all(torch.allclose(lowered[name], want[name]) for name in want)
