@@ -61,6 +61,7 @@ from hfx.backends._common import (
     root_cause,
     with_log,
 )
+from hfx.backends._executorch_dtypes import long_scatter_indices
 from hfx.backends._executorch_fixes import PTE_PATCHES
 from hfx.backends._executorch_threads import loading_on_threads
 from hfx.backends._executorch_rewrites import XNNPACK_REWRITES, PteRewrite, as_edge_passes
@@ -495,8 +496,9 @@ def _to_pte(
         what = f"torch.export could not trace the graph again with the bounds {dict(bounds)}: {root_cause(exc)}."
         todo = "Lower with other max_sizes; the error names the dim torch.export disagrees with."
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
-    # ExecuTorch's prim mod takes C's remainder, and it has no power of sizes
-    if remainders_of_signed_sizes(program.graph) + integer_powers_as_products(program.graph):
+    # ExecuTorch's prim mod takes C's remainder, it has no power of sizes, and its scatter_add takes int64 indices only
+    if (remainders_of_signed_sizes(program.graph) + integer_powers_as_products(program.graph)
+            + long_scatter_indices(program.graph)):
         program.graph_module.recompile()
     try:
         counts: dict[str, int] = {}
