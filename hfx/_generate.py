@@ -30,6 +30,7 @@ from hfx._contract import input_keys, load_spec
 from hfx._errors import InputError, argument_error
 from hfx._flat_steps import DecodeSteps, step_inputs
 from hfx._generation_config import (
+    decoder_prompt,
     generation_config,
     lengths,
     logits_processors,
@@ -460,7 +461,11 @@ def _generate_encoder_decoder(programs: Components, state: dict[str, Any], max_n
     state.update({k: v for k, v in encoder_inputs.items() if k in prompt_takes and k not in state})
     batch = next(iter(encoder_inputs.values())).shape[0]
     start = programs.meta.generation.decoder_start_token_id
-    tokens = torch.full((batch, 1), int(start), dtype=torch.long)
+    given = {**encoder_inputs, **state}  # eager hands input_ids to the encoder too where it takes them
+    tokens = decoder_prompt(given, int(start), batch, from_input_ids=programs.meta.generation.prompts_the_decoder)
+    state.pop("decoder_input_ids", None)
+    if programs.meta.generation.prompts_the_decoder:
+        state.pop("input_ids", None)
     state["decoder_attention_mask"] = torch.ones_like(tokens)
     ids = encoder_inputs.get("input_ids")
     how = functools.partial(how, encoder_input_ids=ids if ids is not None and ids.ndim == 2 else None)

@@ -97,3 +97,24 @@ def logits_processors(config: Any, *, is_encoder_decoder: bool, prompt_length: i
         config, input_ids_seq_length=prompt_length, encoder_input_ids=encoder_input_ids, device="cpu",
         model_kwargs={mask_key: mask} if mask is not None else {},
     )
+
+
+def decoder_prompt(inputs: Mapping[str, Any], start: int, batch: int, *, from_input_ids: bool) -> torch.Tensor:
+    """The decoder's first tokens, as transformers' ``generate`` takes them (``_prepare_decoder_input_ids_for_generation``):
+    ``decoder_input_ids`` if given, else, ``from_input_ids`` (a model whose main input is another: PP-FormulaNet's
+    image), the ``input_ids``; each led by the start token. Otherwise the start token alone.
+
+    Example:
+        >>> decoder_prompt({"input_ids": torch.tensor([[7, 8]])}, 0, 1, from_input_ids=True).tolist()
+        [[0, 7, 8]]
+        >>> decoder_prompt({"input_ids": torch.tensor([[7, 8]])}, 0, 2, from_input_ids=False).tolist()
+        [[0], [0]]
+    """
+    prompt = inputs.get("decoder_input_ids")
+    if prompt is None and from_input_ids:
+        prompt = inputs.get("input_ids")
+    if prompt is None:
+        return torch.full((batch, 1), start, dtype=torch.long)
+    if (prompt[:, 0] != start).all():
+        prompt = torch.cat([torch.full((prompt.shape[0], 1), start, dtype=prompt.dtype), prompt], dim=-1)
+    return prompt

@@ -239,12 +239,16 @@ class GenerationSettings(_FieldsJson):
     (``GenerationConfig.to_json_string(use_diff=False)``): ``generate`` reads its
     EOS and pad tokens, calibration rebuilds it. ``returns_start_token`` is false
     for a model whose ``generate()`` leaves the decoder start token out (Whisper).
+    ``prompts_the_decoder`` is true for an encoder-decoder whose main input is not
+    ``input_ids`` (an image or audio encoder): ``generate()`` starts its decoder from
+    the ``input_ids`` it is given (PP-FormulaNet).
     """
 
     config: Mapping[str, Any] = _mapping(object, _json_ready)
     decoder_start_token_id: int | None = attrs.field(default=None, validator=_optional(int))
     is_encoder_decoder: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     returns_start_token: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    prompts_the_decoder: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 @attrs.frozen(kw_only=True)

@@ -295,3 +295,17 @@ def test_whisper_rows_leave_out_their_eos_and_padding_as_whisper_generate_does()
     assert _transcripts(ids[:2], {2}, 0).tolist() == [[5, 6, 0, 0], [5, 6, 7, 8]]
     same = torch.tensor([[5, 2, 2, 2], [5, 6, 7, 2]])  # Whisper's own checkpoints pad with their EOS
     assert _transcripts(same, {2}, 2).tolist() == [[5, 2, 2], [5, 6, 7]]
+
+
+def test_an_image_encoder_decoder_starts_its_decoder_from_the_prompt_as_eager_does():
+    # PP-FormulaNet's main input is the image: transformers' generate starts the decoder from the input_ids it is
+    # given (led by the start token) and returns them with the new tokens
+    name = "image-text-to-text:pp_formulanet"
+    model = zoo.build(name)
+    parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs(name, batch=2, sequence=7), model)))
+    assert parts.meta.generation.prompts_the_decoder and parts.meta.generation.returns_start_token
+    prompt = zoo.inputs(name, batch=2, sequence=9)
+    with torch.no_grad():
+        want = model.generate(**prompt, max_new_tokens=6, do_sample=False)
+    got = hfx.generate(prompt, parts, max_new_tokens=6)
+    assert got.shape[-1] > prompt["input_ids"].shape[-1] and torch.equal(got, want)

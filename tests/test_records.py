@@ -67,6 +67,8 @@ def test_to_json_round_trips_through_a_json_file(metas, name):
 @pytest.mark.parametrize("name", DECOMPOSED)
 def test_the_flat_dict_of_schema_1_manifests_reads_as_the_same_record(metas, name):
     meta = attrs.evolve(metas[name], quantization={"stage": "quantize_pt2e"}, extra={"model_id": name})
+    # prompts_the_decoder came after schema 1: an old manifest reads as False, the default
+    meta = attrs.evolve(meta, generation=attrs.evolve(meta.generation, prompts_the_decoder=False))
     assert hfx.GenerationMeta.from_json(schema_1_meta(meta.to_json())) == meta
 
 

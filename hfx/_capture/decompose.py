@@ -19,6 +19,7 @@ from hfx._capture.dynamic_shapes import declared_shapes, dim_sizes, infer_dynami
 from hfx._capture.multimodal import FeatureEncoder, feature_methods, placeholder_tokens
 from hfx._capture.recording import recorded_generate, with_padding_mask
 from hfx._errors import CaptureError, describe
+from hfx._generation_config import decoder_prompt
 from hfx._pytree import is_cache, owned_tensors
 from hfx._records import Capture, ComponentRoles, Components, DynamicShapes, GenerationMeta, GenerationSettings, ModelSpec
 
@@ -330,7 +331,8 @@ def decompose(
         shapes = _decode_shapes(decode_capture, multi_token=merge, whole_sequence=_takes_the_whole_sequence(calls))
         parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=shapes)
     if settings.is_encoder_decoder:  # some generate()s (Whisper's) return the decoder ids without the start token
-        settings = attrs.evolve(settings, returns_start_token=recorded.length == steps + 1)
+        first = decoder_prompt(inputs, int(settings.decoder_start_token_id or 0), 1, from_input_ids=settings.prompts_the_decoder)
+        settings = attrs.evolve(settings, returns_start_token=recorded.length == steps + first.shape[-1])
     encoders = {f"{m}_encoder": m for m in feature_methods(model) if f"{m}_encoder" in parts}
     roles = ComponentRoles(
         feature_encoders=encoders,
@@ -534,6 +536,8 @@ def _generation_settings(model: torch.nn.Module, generation_config: Any = None) 
         config=settings,
         decoder_start_token_id=start,
         is_encoder_decoder=bool(getattr(model.config, "is_encoder_decoder", False)),
+        prompts_the_decoder=bool(getattr(model.config, "is_encoder_decoder", False))
+        and getattr(model, "main_input_name", "input_ids") != "input_ids",
     )
 
 
