@@ -100,9 +100,10 @@ def logits_processors(config: Any, *, is_encoder_decoder: bool, prompt_length: i
 
 
 def decoder_prompt(inputs: Mapping[str, Any], start: int, batch: int, *, from_input_ids: bool) -> torch.Tensor:
-    """The decoder's first tokens, as transformers' ``generate`` takes them (``_prepare_decoder_input_ids_for_generation``):
-    ``decoder_input_ids`` if given, else, ``from_input_ids`` (a model whose main input is another: PP-FormulaNet's
-    image), the ``input_ids``; each led by the start token. Otherwise the start token alone.
+    """The decoder's first tokens, as transformers' ``generate`` takes them
+    (``_prepare_decoder_input_ids_for_generation``): ``decoder_input_ids`` if given, else, ``from_input_ids``
+    (a model whose main input is another: PP-FormulaNet's image), the ``input_ids``; each led by the start
+    token. Otherwise the start token alone.
 
     Example:
         >>> decoder_prompt({"input_ids": torch.tensor([[7, 8]])}, 0, 1, from_input_ids=True).tolist()

@@ -331,7 +331,8 @@ def decompose(
         shapes = _decode_shapes(decode_capture, multi_token=merge, whole_sequence=_takes_the_whole_sequence(calls))
         parts["decode"] = attrs.evolve(decode_capture, dynamic_shapes=shapes)
     if settings.is_encoder_decoder:  # some generate()s (Whisper's) return the decoder ids without the start token
-        first = decoder_prompt(inputs, int(settings.decoder_start_token_id or 0), 1, from_input_ids=settings.prompts_the_decoder)
+        start = int(settings.decoder_start_token_id or 0)
+        first = decoder_prompt(inputs, start, 1, from_input_ids=settings.prompts_the_decoder)
         settings = attrs.evolve(settings, returns_start_token=recorded.length == steps + first.shape[-1])
     encoders = {f"{m}_encoder": m for m in feature_methods(model) if f"{m}_encoder" in parts}
     roles = ComponentRoles(
