@@ -21,7 +21,7 @@ def long_scatter_indices(graph: Any, /) -> int:
     scatter_adds = (torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_add_.default)
     count = 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in scatter_adds:
+        if node.op != "call_function" or node.target not in scatter_adds or len(node.args) < 3:
             continue
         index = node.args[2]
         value = getattr(index, "meta", {}).get("val")
