@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 _MADV_RANDOM = 1  # Linux
@@ -27,6 +29,17 @@ def read_only_mappings(path: str | Path) -> list[tuple[int, int]]:
     return ranges
 
 
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise`` with its argument types set, or ``None`` where no C library is found."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    madvise = ctypes.CDLL(name, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise
+
+
 def drop_resident_pages(path: str | Path) -> int:
     """Drop this process's resident pages of the read-only mappings of ``path``; return the bytes advised.
 
@@ -34,12 +47,10 @@ def drop_resident_pages(path: str | Path) -> int:
     bytes (the mapping is read-only, so no page of it was changed). RSS then counts only the pages
     read after this. A no-op off Linux or where ``madvise`` is not found.
     """
-    name = ctypes.util.find_library("c")
     ranges = read_only_mappings(path)
-    if not ranges or name is None:
+    madvise = _madvise() if ranges else None
+    if madvise is None:
         return 0
-    madvise = ctypes.CDLL(name, use_errno=True).madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return sum(end - start for start, end in ranges if madvise(start, end - start, _MADV_DONTNEED) == 0)
 
 
@@ -56,9 +67,9 @@ def read_back_page_by_page(path: str | Path) -> bool:
     again comes back as one 4 KB page. Call it after ``drop_resident_pages``. A no-op off Linux or
     without a mapping.
     """
-    name = ctypes.util.find_library("c")
     ranges = read_only_mappings(path)
-    if not ranges or name is None or not hasattr(os, "posix_fadvise"):
+    madvise = _madvise() if ranges else None
+    if madvise is None or not hasattr(os, "posix_fadvise"):
         return False
     try:
         descriptor = os.open(path, os.O_RDONLY)
@@ -69,6 +80,4 @@ def read_back_page_by_page(path: str | Path) -> bool:
             os.close(descriptor)
     except OSError:  # a file system that takes no such advice (read-only, remote): the pages stay as they are
         return False
-    madvise = ctypes.CDLL(name, use_errno=True).madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return all(madvise(start, end - start, _MADV_RANDOM) == 0 for start, end in ranges)

@@ -411,8 +411,7 @@ def splits_of_a_cat_as_its_operands(graph: Any, /) -> None:
             user.replace_all_uses_with(operands[user.args[1]])
             graph.erase_node(user)
         graph.erase_node(node)
-        if not source.users:
-            graph.erase_node(source)
+        _erase_unused(graph, [source])
 
 
 def separate_outputs(graph: Any, /) -> None:

@@ -86,10 +86,14 @@ def stateful_model(model: Any, /) -> Any:
 _POSITIONWISE = frozenset({"Add", "Subtract", "Multiply", "Divide", "Tanh", "Convert"})
 
 
+def _logits_result(model: Any) -> Any | None:
+    """The result named ``logits`` (the name ``stateful_io`` gives the same output), or ``None``."""
+    return next((result for result in model.get_results() if LOGITS in result.output(0).get_names()), None)
+
+
 def _logits_matmul(model: Any) -> Any | None:
     """The matmul that makes the ``logits`` output (through position-wise ops after it), or ``None``."""
-    result = next((r for r in model.get_results() if LOGITS in r.output(0).get_names()
-                   or LOGITS in r.input_value(0).get_names()), None)
+    result = _logits_result(model)
     node = None if result is None else result.input_value(0).get_node()
     while node is not None and node.get_type_name() in _POSITIONWISE:
         computed = [value for value in node.input_values() if value.get_node().get_type_name() != "Constant"]
@@ -120,9 +124,9 @@ def last_position_logits(model: Any, /) -> bool:
     if matmul is not None and matmul.input_value(0).get_partial_shape().rank.get_length() == 3:
         sliced(matmul.input(0))
         return True
-    for result in model.get_results():
-        if LOGITS in result.output(0).get_names() and result.get_output_partial_shape(0).rank.get_length() == 3:
-            sliced(result.input(0))
+    result = _logits_result(model)
+    if result is not None and result.get_output_partial_shape(0).rank.get_length() == 3:
+        sliced(result.input(0))
     return False
 
 
