@@ -176,13 +176,27 @@ def _packed_modalities(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     return found
 
 
+def _getter_results(tower: torch.nn.Module) -> tuple[str, ...]:
+    """The keywords under which ``tower`` takes its getters' results precomputed (``cu_seqlens``, ``position_ids`` …)."""
+    return tuple(key for getter in tower_getters(tower) for key in _GETTERS[getter] if key)
+
+
+def _grid_key(model: torch.nn.Module, inputs: Mapping[str, Any]) -> str | None:
+    """``"grid_thw"`` when ``model`` is itself a packed-image tower (a vision model exported alone, as GLM-Image's)
+    and ``inputs`` hold its grid; else ``None``."""
+    return "grid_thw" if isinstance(inputs.get("grid_thw"), torch.Tensor) and _getter_results(model) else None
+
+
 def precomputed_input_names(model: torch.nn.Module) -> frozenset[str]:
-    """The ``<modality>_<getter result>`` keywords ``model.forward`` passes to its packed-image towers.
+    """The ``<modality>_<getter result>`` keywords ``model.forward`` passes to its packed-image towers; a tower's
+    own (``cu_seqlens`` …) when ``model`` is one.
 
     Example:
         >>> precomputed_input_names(torch.nn.Linear(1, 1))
         frozenset()
     """
+    if _getter_results(model):
+        return frozenset(_getter_results(model))
     return frozenset(
         f"{modality}_{key}"
         for modality, tower in _packed_modalities(model).items()
@@ -213,7 +227,8 @@ def vision_inputs(model: torch.nn.Module, inputs: Mapping[str, Any], /) -> dict[
 
     Returns:
         The extra keyword arguments; empty for a model without packed-image
-        towers or inputs without grids. ``position_ids`` is left out when
+        towers or inputs without grids. For a tower alone (``model`` is one and
+        ``inputs`` hold ``grid_thw``) its own keywords, unprefixed (``cu_seqlens`` …). ``position_ids`` is left out when
         ``inputs`` already hold it. ``vision_inputs(model)`` alone is a stage ``inputs -> dict``.
 
     Raises:
@@ -232,6 +247,8 @@ def vision_inputs(model: torch.nn.Module, inputs: Mapping[str, Any], /) -> dict[
         raise argument_error("vision_inputs(model, inputs)", "model", "a torch.nn.Module", model)
     if not isinstance(inputs, Mapping):
         raise argument_error("vision_inputs(model, inputs)", "inputs", "a mapping of the processor's inputs", inputs)
+    if _grid_key(model, inputs):  # the tower alone: its own keywords, unprefixed
+        return tower_inputs(model, inputs.get("pixel_values", inputs.get("hidden_states")), inputs["grid_thw"])
     computed: dict[str, torch.Tensor] = {}
     for modality, tower in _packed_modalities(model).items():
         grid = inputs.get(f"{modality}_grid_thw")
@@ -260,6 +277,13 @@ def packed_input_axes(model: torch.nn.Module, inputs: Mapping[str, Any]) -> dict
     the images (patches, images, boundaries), not the batch; the token types
     follow the prompt.
     """
+    if _grid_key(model, inputs):  # the tower alone (its inputs unprefixed): patches, images, boundaries
+        given = [key for key in ("grid_thw", *_getter_results(model)) if isinstance(inputs.get(key), torch.Tensor)]
+        if given == ["grid_thw"]:
+            return {}
+        pixels = {k: {0: "image_patches"} for k in ("pixel_values", "hidden_states")
+                  if isinstance(inputs.get(k), torch.Tensor) and inputs[k].ndim == 2}
+        return {**pixels, **{key: {0: _packed_axis(key, "image")} for key in given}}
     axes: dict[str, dict[int, str]] = {}
     for modality in _packed_modalities(model):
         names = {f"{modality}_{key}": key for key in ("grid_thw", *(k for r in _GETTERS.values() for k in r if k))}

@@ -253,8 +253,8 @@ def forward_inputs(name: str, config: Any, batch: int, sequence: int) -> dict[st
                                   find(config, "bos_token_id")) if is_int(v)), 0)
         ids[:, 0] = start
         values["decoder_input_ids"] = ids
-    if "image_grid_thw" in values and "input_ids" in values:
-        values.update(_packed_image_inputs(name, config, values))
+    if ("image_grid_thw" in values and "input_ids" in values) or "grid_thw" in values:
+        values.update(_packed_image_inputs(name, config, values))  # a packed-image model, or its tower alone
     return values
 
 

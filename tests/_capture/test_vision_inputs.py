@@ -125,3 +125,23 @@ def test_interpolated_position_tables_are_inputs_too():
     computed = computed_vision_inputs({"get_vision_interpolation_indices_and_weights": options}, grid)
     indices, weights = vision_utils.get_vision_interpolation_indices_and_weights(grid, **options)
     assert torch.equal(computed["interp_indices"], indices) and torch.equal(computed["interp_weights"], weights)
+
+
+def test_a_tower_alone_takes_its_own_inputs_for_any_image_count(models):
+    # A packed-image tower exported on its own (GLM-Image's vision model is a feature-extraction type): its
+    # getters' results go in unprefixed (cu_seqlens, position_ids), and the image count varies (generated
+    # zoo: glm_image_vision's grid_thw came out static at 2 images without them).
+    tower = models("qwen2_vl").model.visual
+    capture_images = _mixed_images(models("qwen2_vl").config)
+    inputs = {"hidden_states": capture_images["pixel_values"], "grid_thw": capture_images["image_grid_thw"]}
+    computed = vision_inputs(tower, inputs)
+    assert sorted(computed) == ["cu_seqlens", "position_ids"] and computed["cu_seqlens"].tolist() == [0, 16, 28]
+    assert precomputed_input_names(tower) == {"cu_seqlens", "position_ids"}
+    exported = hfx.export(hfx.capture({**inputs, **computed}, tower))
+    assert exported.dynamic_shapes.axes["grid_thw"] == {0: "image_count"}
+    assert exported.dynamic_shapes.axes["hidden_states"] == {0: "image_patches"}
+    grid = torch.tensor([[1, 2, 2], [1, 4, 6], [1, 2, 4]])  # three images, other sizes
+    patches = torch.randn(int(grid.prod(-1).sum()), inputs["hidden_states"].shape[1], generator=torch.Generator().manual_seed(3))
+    new = {"hidden_states": patches, "grid_thw": grid}
+    assert hfx.verify(tower, {**new, **vision_inputs(tower, new)}, exported).passed
+    assert vision_inputs(tower, {"hidden_states": patches}) == {}  # no grid: nothing to compute
