@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 
 from hfx._errors import InputError
 from hfx._export.constant_outputs import with_constants
-from hfx._pytree import classes_in_spec, registered_caches, spec_caches
+from hfx._pytree import classes_in_spec, leaves_in_spec_order, registered_caches, spec_caches
 from hfx._upstream import with_installed_fields, with_taken_cache_name
 
 if TYPE_CHECKING:  # _records imports this module: the records' calls run through it
@@ -62,15 +62,30 @@ def checked_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> tu
     keys = input_keys(io)
     kwargs = with_taken_cache_name(kwargs, keys)
     _check_names(io, keys, kwargs, program)
-    leaves, spec = pytree.tree_flatten(((), {k: kwargs[k] for k in keys}))
-    if spec != load_spec(io.in_spec):
-        msg = (f"{program}: the structure of the inputs differs from the captured one; expected {load_spec(io.in_spec)}, "
-               f"got {spec}")
-        raise InputError(msg)
+    leaves = _leaves_in_captured_order(io, {k: kwargs[k] for k in keys}, program)
     sizes: dict[str, tuple[int, str]] = {}
     tensors = [leaf for leaf in leaves if leaf is not None]  # None leaves are constants of the graph
     flat = [_checked(leaf, tensor_spec, sizes, io, program) for leaf, tensor_spec in zip(tensors, io.inputs, strict=True)]
     return flat, {dim: size for dim, (size, _) in sizes.items()}
+
+
+def _leaves_in_captured_order(io: IoSpec, inputs: Mapping[str, Any], program: str) -> list[Any]:
+    """The pytree leaves of ``inputs`` (the program's keyword arguments, in graph order) in the order of the
+    captured structure; a cache whose tensor attributes were set in another order is read by name.
+
+    Raises:
+        InputError: the structure differs otherwise.
+    """
+    tree = ((), dict(inputs))
+    leaves, spec = pytree.tree_flatten(tree)
+    want = load_spec(io.in_spec)
+    if spec == want:
+        return leaves
+    reordered = leaves_in_spec_order(tree, want)
+    if reordered is None:
+        msg = f"{program}: the structure of the inputs differs from the captured one; expected {want}, got {spec}"
+        raise InputError(msg)
+    return reordered
 
 
 def _check_names(io: IoSpec, keys: Sequence[str], kwargs: Mapping[str, Any], program: str) -> None:
@@ -155,18 +170,20 @@ def call(io: IoSpec, run: Callable[[list[torch.Tensor]], Sequence[Any]], kwargs:
             raise InputError(msg)
         returned = load_spec(io.out_spec).num_leaves - len(io.constant_outputs)
         if len(outputs) > returned:
-            _write_back(io, kwargs, outputs[returned:])
+            _write_back(io, kwargs, outputs[returned:], program)
         return structured_outputs(io, outputs[:returned])
 
 
-def _write_back(io: IoSpec, kwargs: Mapping[str, Any], values: Sequence[Any]) -> None:
+def _write_back(io: IoSpec, kwargs: Mapping[str, Any], values: Sequence[Any], program: str) -> None:
     """Give the caller's in-place inputs their new values (for runtimes that return them).
 
     A new value of the same dtype and shape becomes the tensor's storage
     (``set_``, no copy); anything else is copied in.
     """
     keys = input_keys(io)
-    leaves = [leaf for leaf in pytree.tree_leaves(((), {k: kwargs[k] for k in keys})) if leaf is not None]
+    kwargs = with_taken_cache_name(kwargs, keys)
+    inputs = {k: kwargs[k] for k in keys}
+    leaves = [leaf for leaf in _leaves_in_captured_order(io, inputs, program) if leaf is not None]
     by_name = dict(zip(io.input_names, leaves))
     with torch.no_grad():
         for name, value in zip(io.updates, values):

@@ -302,6 +302,43 @@ def _classes_in_spec(serialised: str) -> tuple[type, ...]:
     return tuple(known[n] for n in sorted(names) if n in known)
 
 
+def _children_by_name(spec: pytree.TreeSpec) -> dict[str, pytree.TreeSpec] | None:
+    """A cache node's child specs by attribute name; ``None`` for any other node."""
+    context = spec.context
+    return dict(zip(context.children, spec.children())) if isinstance(context, _Context) else None
+
+
+def _same_but_attribute_order(got: pytree.TreeSpec, want: pytree.TreeSpec) -> bool:
+    """Whether ``got`` is ``want`` but for the order of some cache nodes' tensor attributes."""
+    if got.type is not want.type or got.is_leaf() != want.is_leaf():
+        return False
+    got_children, want_children = _children_by_name(got), _children_by_name(want)
+    if got_children is None or want_children is None:
+        return got.context == want.context and len(got.children()) == len(want.children()) and all(
+            _same_but_attribute_order(g, w) for g, w in zip(got.children(), want.children()))
+    same_static = dict(got.context.static) == dict(want.context.static)
+    return same_static and got_children.keys() == want_children.keys() and all(
+        _same_but_attribute_order(got_children[name], spec) for name, spec in want_children.items())
+
+
+def leaves_in_spec_order(tree: Any, want: pytree.TreeSpec) -> list[Any] | None:
+    """``tree``'s leaves in the order ``want`` flattens them, when ``tree`` differs from ``want`` only in the order
+    its cache objects' tensor attributes were set; else ``None``.
+
+    A cache layer is flattened in the order its attributes were set, and transformers sets them in the order a
+    forward first writes them: a Hymba-like layer with a sliding window and a convolution state
+    (``LinearAttentionAndSlidingWindowAttentionLayer``, inkling_text) holds them in one order after ``generate``'s
+    prefill and in another after a graph's, though the values are the same by name.
+    """
+    with_paths, got = pytree.tree_flatten_with_path(tree)
+    if not _same_but_attribute_order(got, want):
+        return None
+    by_path = dict(with_paths)
+    markers = [torch.empty(0) for _ in range(want.num_leaves)]  # tensors: a cache's children are what holds them
+    wanted_paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(markers, want))
+    return [by_path[path] for path, _ in wanted_paths]
+
+
 def leaf_name(path: tuple[Any, ...]) -> str:
     """A dotted name for a pytree key path: ``past_key_values.layers.0.keys`` (also for transformers 5.24's ``cache``)."""
     parts: list[str] = []

@@ -58,3 +58,27 @@ def test_outputs_rebuild_the_model_output(io):
 
 def test_io_spec_round_trips_through_json(io):
     assert hfx.IoSpec.from_json(io.to_json()) == io
+
+
+def test_a_cache_whose_tensors_were_set_in_another_order_is_read_by_name(generative):
+    # A layer flattens its tensors in the order they were set; a hybrid layer (inkling_text) sets them in
+    # another order after generate's prefill than after the graph's. The call reads them by name.
+    from hfx._generate import initial_cache
+    from tests.helpers import CACHE_ARGUMENT
+
+    def reverse_each_layers_attributes(cache):
+        for layer in cache.layers:
+            items = list(vars(layer).items())
+            vars(layer).clear()
+            vars(layer).update(reversed(items))  # values before keys
+
+    decode = generative("llama")[1]["decode"]
+    inputs = zoo.inputs("llama", batch=2, sequence=5)
+    prompt = {**inputs, "position_ids": torch.arange(5).expand(2, 5), CACHE_ARGUMENT: initial_cache(decode, 2, CACHE_ARGUMENT)}
+    cache = getattr(decode(**prompt), CACHE_ARGUMENT)
+    step = {"input_ids": inputs["input_ids"][:, -1:], "attention_mask": torch.ones(2, 6, dtype=torch.long),
+            "position_ids": torch.full((2, 1), 5), CACHE_ARGUMENT: cache}
+    reverse_each_layers_attributes(cache)
+    reordered = decode(**step).logits
+    reverse_each_layers_attributes(cache)
+    torch.testing.assert_close(reordered, decode(**step).logits, rtol=0, atol=0)

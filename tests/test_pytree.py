@@ -23,6 +23,7 @@ from hfx._pytree import (
     classes_in_spec,
     is_cache,
     leaf_name,
+    leaves_in_spec_order,
     named_leaves,
     owned_tensors,
     registered_caches,
@@ -343,3 +344,45 @@ def test_owned_tensors_lists_a_shared_tensor_once_and_survives_a_cycle():
     holder, tensor = Holder(), torch.zeros(2)
     holder.itself, holder.first, holder.second = holder, tensor, tensor
     assert [(name, owners) for name, _, owners in owned_tensors({"holder": holder})] == [("holder.first", (Holder,))]
+
+
+# --- leaves_in_spec_order ------------------------------------------------------------------------
+
+
+def _swapped_layer(layer):
+    """A copy of ``layer`` with the same attributes set in the reverse order (its tensors flatten reversed)."""
+    copied = type(layer).__new__(type(layer))
+    vars(copied).update(reversed(list(vars(layer).items())))
+    return copied
+
+
+def test_a_cache_whose_attributes_were_set_in_another_order_gives_its_leaves_in_the_captured_order(caches):
+    # Hymba-like hybrid layers (inkling_text) set their tensors in another order after generate's prefill than
+    # after a graph's: the same values by name, another flattening order.
+    cache = caches["dynamic"]
+    swapped = cache_utils.DynamicCache()
+    vars(swapped).update(vars(cache))
+    swapped.layers = [_swapped_layer(layer) for layer in cache.layers]
+    with registered_caches():
+        want = pytree.tree_structure(cache)
+        leaves, got = pytree.tree_flatten(swapped)
+        assert got != want and leaves[0] is cache.layers[0].values  # values first: the other order
+        ordered = leaves_in_spec_order(swapped, want)
+        assert ordered is not None and all(a is b for a, b in zip(ordered, pytree.tree_leaves(cache), strict=True))
+        assert leaves_in_spec_order(cache, want) == pytree.tree_leaves(cache)  # already in order
+
+
+def test_a_cache_with_another_attribute_value_or_tensor_is_no_reordering(caches):
+    cache = caches["dynamic"]
+    with registered_caches():
+        want = pytree.tree_structure(cache)
+        other = cache_utils.DynamicCache()
+        vars(other).update(vars(cache))
+        other.layers = [_swapped_layer(layer) for layer in cache.layers]
+        vars(other.layers[0])["is_initialized"] = False  # a static attribute differs: another structure
+        assert leaves_in_spec_order(other, want) is None
+        fewer = cache_utils.DynamicCache()
+        vars(fewer).update(vars(cache))
+        fewer.layers = cache.layers[:1]
+        assert leaves_in_spec_order(fewer, want) is None
+        assert leaves_in_spec_order({"a": torch.zeros(1)}, want) is None
