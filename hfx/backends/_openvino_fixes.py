@@ -72,6 +72,60 @@ def drop_empty_cat_operands(graph: Any, /) -> None:
                 graph.erase_node(value)
 
 
+def empty_cats_as_zeros(graph: Any, /) -> None:
+    """Make each ``aten.cat`` whose operands have a size-0 dim other than the cat's a ``zeros`` of its shape.
+
+    Model pattern: a cache layer that keeps an empty tensor beside the one it fills (Mistral Large 4's
+    and DeepSeek-V3-style latent-attention layers keep ``values`` of shape ``[batch, 1, past, 0]``)
+    and appends to it with ``torch.cat(..., dim=-2)``: the result holds no element but grows along
+    the cat's dim. OpenVINO 2026.4.1's ``RemoveConcatZeroDimInput`` drops every Concat operand with
+    a static size-0 dim whatever the axis; the step's empty values are computed (their 0 is known at
+    conversion, the past input's shape is set after it), so they vanished and the returned past was
+    one position short (generation: "axis 2 ... is 13 but 14"). A ``zeros`` of the cat's shape (sizes read from the
+    operands, the cat's dim their sum) is the same empty tensor. Delete when that pass only drops
+    operands empty along the concat axis.
+    """
+    import operator
+
+    import torch
+
+    aten = torch.ops.aten
+    for node in [n for n in graph.nodes if n.target is aten.cat.default]:
+        value = node.meta.get("val")
+        operands = [v for v in node.args[0] if not _is_legacy_empty(v)]
+        rank = len(getattr(value, "shape", ()))
+        if not rank or not operands:
+            continue
+        dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % rank
+        if not any(isinstance(size, int) and size == 0 for d, size in enumerate(value.shape) if d != dim):
+            continue
+        with graph.inserting_before(node):
+
+            def size_of(operand: Any, d: int) -> Any:
+                size = operand.meta["val"].shape[d]
+                if isinstance(size, int):
+                    return size
+                found = graph.call_function(aten.sym_size.int, (operand, d))
+                found.meta["val"] = size
+                return found
+
+            shape: list[Any] = []
+            for d in range(rank):
+                if d != dim:
+                    shape.append(size_of(operands[0], d))
+                    continue
+                total = size_of(operands[0], d)
+                for operand in operands[1:]:
+                    added = graph.call_function(operator.add, (total, size_of(operand, d)))
+                    added.meta["val"] = value.shape[d]
+                    total = added
+                shape.append(total)
+            zeros = graph.call_function(aten.zeros.default, (shape,), {"dtype": value.dtype, "device": value.device})
+        zeros.meta = dict(node.meta)
+        node.replace_all_uses_with(zeros)
+        graph.erase_node(node)
+
+
 def _is_legacy_empty(value: Any) -> bool:
     """Whether ``value`` is a node of shape ``[0]``, which ``torch.cat`` skips."""
     shape = getattr(getattr(value, "meta", {}).get("val"), "shape", None)
@@ -450,6 +504,7 @@ def separate_outputs(graph: Any, /) -> None:
 OV_GRAPH_FIXES: tuple[OvGraphFix, ...] = (
     static_view_sizes,
     drop_empty_cat_operands,
+    empty_cats_as_zeros,
     negate_by_multiplying,
     mod_by_floordiv,
     floor_divisions_in_float_range,
