@@ -236,8 +236,10 @@ def _encoder_inputs(encoder: Any, how: EncoderInputs | None, state: dict[str, An
     for given in how.names.values():
         if not given.endswith("grid_thw"):
             state.pop(given, None)
-    if how.computed and "grid_thw" in renamed:
-        renamed.update(computed_vision_inputs(how.computed, renamed["grid_thw"]))
+    grid = next((key for key in renamed if key.endswith("grid_thw")), None)
+    if how.computed and grid is not None:  # a tower takes them as they are, a feature method prefixed (image_…)
+        prefix = grid.removesuffix("grid_thw")
+        renamed.update({prefix + k: v for k, v in computed_vision_inputs(how.computed, renamed[grid]).items()})
     return renamed
 
 

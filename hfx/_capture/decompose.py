@@ -149,6 +149,7 @@ def encoder_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any], 
     patches = max(int(v.shape[0]) for v in tensors.values())  # the packed patches outnumber the images
 
     def dim(key: str, tensor: torch.Tensor) -> str:
+        key = key.removeprefix(f"{modality}_")  # a feature method takes the tower's inputs prefixed
         if key.startswith("cu_"):  # boundaries: of the images, or of Qwen2.5-VL's windows
             return f"{modality}_{key.removeprefix('cu_').replace('seqlens', 'boundaries')}"
         if key.endswith("grid_thw"):

@@ -140,6 +140,11 @@ def tapped_view(owner: torch.nn.Module, projector: str) -> torch.nn.Module:
     return view
 
 
+def is_tapped_view(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a ``tapped_view``: one of its children stands replaced by the projector's tap."""
+    return any(value is _tap for value in vars(module).values())
+
+
 class FeatureEncoder(torch.nn.Module):
     """A model's ``get_<modality>_features`` as a module, so it exports as a component.
 

@@ -207,7 +207,13 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
                 computed={name: entry["options"] for name, entry in vision_inputs[modality].items()},
             )
         else:
-            encoders[f"{modality}_encoder"] = (FeatureEncoder(base, method, used.get(modality)), found[0])
+            encoder = FeatureEncoder(base, method, used.get(modality))
+            encoders[f"{modality}_encoder"] = (encoder, {**found[0], **_precomputed(vision_inputs.get(modality), base, method, modality)})
+            if encoders[f"{modality}_encoder"][1].keys() != found[0].keys():  # the tower's getters' values go in too
+                encoder_inputs[f"{modality}_encoder"] = EncoderInputs(
+                    names={k: k for k, v in found[0].items() if isinstance(v, torch.Tensor)},
+                    computed={name: entry["options"] for name, entry in vision_inputs[modality].items()},
+                )
     recorded_parts = {
         f"{modality}_projector" if len(used) > 1 else "projector": (projector_modules[name], part_calls[name][0][1])
         for modality, name in used.items()
@@ -223,6 +229,23 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
                      calls=calls, length=int(sequences.shape[-1]), part_calls=every_call,
                      generating=generating if generating is not model else None)
 
+
+
+def _precomputed(recorded: Mapping[str, Mapping[str, Any]] | None, base: torch.nn.Module, method: str,
+                 modality: str) -> dict[str, torch.Tensor]:
+    """What a packed-image tower's getters computed, as the ``<modality>_``-prefixed keywords its feature method passes
+    on to it (``accepts_precomputed_kwargs``); empty when it ran none or the method takes none.
+
+    Model pattern: a Qwen2.5-VL-style tower followed by a projector of the model's own (HyperCLOVA X Vision v2):
+    its feature method is the image encoder, and the tower's window index, positions and boundaries, computed
+    in Python from the grids, would fix the image count and size in its graph.
+    """
+    from hfx._capture.vision_inputs import takes_precomputed
+
+    values = {k: v for entry in (recorded or {}).values() for k, v in entry["values"].items()}
+    if not values or not takes_precomputed(vars(type(base)).get(method)):
+        return {}
+    return {f"{modality}_{k}": v for k, v in values.items()}
 
 
 def _generating_child(model: torch.nn.Module) -> torch.nn.Module | None:

@@ -150,7 +150,7 @@ def tower_inputs(tower: torch.nn.Module, pixel_values: torch.Tensor | None, grid
     return {key: value for entry in found.values() for key, value in entry["values"].items()}
 
 
-def _takes_precomputed(method: Any) -> bool:
+def takes_precomputed(method: Any) -> bool:
     """Whether a ``get_<modality>_features`` passes ``<modality>_``-prefixed keywords on to its tower (``accepts_precomputed_kwargs``)."""
     while method is not None:
         if "accepts_precomputed_kwargs" in getattr(getattr(method, "__code__", None), "co_qualname", ""):
@@ -171,7 +171,7 @@ def _packed_modalities(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     found = {}
     for modality, method in feature_methods(model).items():
         tower = modality_tower(model, modality)
-        if tower is not None and tower_getters(tower) and _takes_precomputed(vars(type(base)).get(method)):
+        if tower is not None and tower_getters(tower) and takes_precomputed(vars(type(base)).get(method)):
             found[modality] = tower
     return found
 

@@ -252,10 +252,13 @@ def _joined_features(method: Any, child: str, *, projects: bool) -> Any:
     """
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    from hfx._capture.multimodal import ProjectorCall, tapped_view
+    from hfx._capture.multimodal import ProjectorCall, is_tapped_view, tapped_view
 
     def get_features(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if child not in self._modules:  # noqa: SLF001 - a FeatureEncoder's view, already stopping at the projector
+        # A FeatureEncoder's view already stops at the projector: its tap, not this one, ends the method (a
+        # Qwen2.5-VL-style tower with a projector after it, HyperCLOVA X Vision v2, would otherwise return the
+        # tower's output past the projector the encoder splits off).
+        if child not in self._modules or is_tapped_view(self):  # noqa: SLF001
             return method(self, *args, **kwargs)
         towers: list[Any] = []
         try:

@@ -145,3 +145,20 @@ def test_a_tower_alone_takes_its_own_inputs_for_any_image_count(models):
     new = {"hidden_states": patches, "grid_thw": grid}
     assert hfx.verify(tower, {**new, **vision_inputs(tower, new)}, exported).passed
     assert vision_inputs(tower, {"hidden_states": patches}) == {}  # no grid: nothing to compute
+
+
+def test_a_feature_method_with_its_own_projector_takes_the_towers_inputs_prefixed():
+    # HyperCLOVA X Vision v2: a Qwen2.5-VL-style tower, then a projector of the model's own. The image encoder is
+    # the feature method stopped at the projector; the tower's window index, positions and boundaries go in as
+    # the method's image_-prefixed keywords (before: its getters ran in the graph, "Could not extract
+    # specialized integer"), and generate computes them for new images.
+    from tests.helpers import assert_eager_tokens, decomposed
+
+    name = "image-text-to-text:hyperclovax_vision_v2"
+    model, parts = decomposed(name)
+    encoder = parts["image_encoder"]
+    assert {"image_cu_seqlens", "image_window_index", "image_cu_window_seqlens"} <= set(encoder.kwargs)
+    assert encoder.dynamic_shapes.axes["image_cu_seqlens"] == {0: "image_boundaries"}
+    programs = hfx.export(parts)
+    assert len(programs["image_encoder"].io.outputs) == 1  # the projector's input, not the tower's output past it
+    assert_eager_tokens(model, programs, name)
