@@ -21,8 +21,9 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     """Attention over packed images in one call: each position attends to the positions of its own image.
 
     ``cu_seq_lens_q`` holds the images' boundaries (``[0, n0, n0 + n1, …]``);
-    the mask it gives is block-diagonal. Returns ``[batch, sequence, heads, dim]``,
-    as the attention functions of transformers do.
+    the mask it gives is block-diagonal. Fewer key/value heads than query heads
+    (grouped-query attention) each serve their group, as transformers' ``repeat_kv``
+    does. Returns ``[batch, sequence, heads, dim]``, as the attention functions of transformers do.
 
     Example:
         >>> q = torch.randn(1, 2, 5, 4)
@@ -32,6 +33,9 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         True
     """
     del module, attention_mask, kwargs
+    if key.shape[1] != query.shape[1]:  # grouped-query heads (EXAONE 4.5's tower): each key head serves a group
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     position = torch.arange(query.shape[2], device=query.device)
     # Compared with every boundary, 0 included: the boundary count is >= 2, so broadcasting never asks whether it is 1.
     image = (position[:, None] >= cu_seq_lens_q[None, :]).sum(-1)

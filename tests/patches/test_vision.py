@@ -192,3 +192,21 @@ def test_a_projector_after_a_packed_tower_is_joined_so_the_image_count_stays_dyn
     assert grids.shape[0] != 2  # not pinned to the capture's two images
     report = hfx.verify(model, zoo.forward_inputs(name, batch=3, sequence=11), exported)
     assert report.passed, report
+
+
+def test_packed_attention_serves_grouped_query_heads_as_eager_attention_does():
+    # EXAONE 4.5's tower has 4 query heads over 2 key/value heads: each key head serves two consecutive query
+    # heads (transformers' repeat_kv). Before, the mask's sdpa failed to broadcast the heads ("length 2 at -1").
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    from hfx.patches._vision import packed_attention
+
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 4, 7, 8, generator=generator)
+    key, value = torch.randn(2, 1, 2, 7, 8, generator=generator)
+    boundaries = torch.tensor([0, 3, 7])
+    got, _ = packed_attention(None, query, key, value, cu_seq_lens_q=boundaries, scaling=0.5)
+    for start, end in zip(boundaries[:-1].tolist(), boundaries[1:].tolist()):  # each image alone, heads repeated
+        want = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, start:end], repeat_kv(key[:, :, start:end], 2), repeat_kv(value[:, :, start:end], 2), scale=0.5)
+        torch.testing.assert_close(got[:, start:end], want.transpose(1, 2), rtol=FP32_PARITY, atol=FP32_PARITY)
