@@ -24,6 +24,13 @@ computes it with two polynomials; ONNX's translation of the op
 
 ``cropping_constant_pad``: ``aten.constant_pad_nd`` with a negative entry (a crop, RWKV's token
 shift) as a pad and a slice, for ExecuTorch, whose kernel refuses negative padding.
+
+``prefix_cummax``, ``prefix_cummin`` and ``counting_searchsorted``: Grounding DINO and MM Grounding
+DINO take running extremes of their special tokens' positions and bucket positions with
+``searchsorted`` (transformers 5.22-5.24). ExecuTorch 1.5.1 has no kernel for any of them ("Operator
+torch._ops.aten.cummax.default is not in Core ATen opset") and OpenVINO 2026.4.1's frontend no
+conversion rule ("No conversion rule found for operations: aten.cummax.default, aten.cummin.default");
+ONNX has translations of the same algorithms (``hfx.backends._onnx_translations``).
 """
 
 from __future__ import annotations
@@ -83,6 +90,55 @@ def dense_scatter_reduce(
         total = counts + 1 if include_self else counts
         reduced = reduced / total.clamp(min=1).to(self.dtype)
     return torch.where(named, reduced, base).movedim(-1, dim)
+
+
+def _prefix_extreme(self: torch.Tensor, dim: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.cummax`` (``largest``) or ``torch.cummin`` of ``self`` along ``dim`` over a ``length x length`` prefix
+    mask: each position's extreme over the positions up to it, and the last of those that holds it (torch's index
+    for ties). The first element fills the masked entries (it is in every prefix), so no dtype's bound is needed."""
+    if self.ndim == 0:
+        return self.clone(), torch.zeros_like(self, dtype=torch.long)
+    rows = self.movedim(dim, -1).unsqueeze(-2)  # [..., 1, j]
+    positions = torch.arange(rows.shape[-1], device=self.device)
+    prefix = positions.unsqueeze(0) <= positions.unsqueeze(1)  # [i, j]: j <= i
+    filled = torch.where(prefix, rows, rows[..., :1])
+    values = filled.amax(-1) if largest else filled.amin(-1)
+    holds = prefix & (rows == values.unsqueeze(-1))
+    indices = torch.where(holds, positions, torch.full_like(positions, -1)).amax(-1)
+    return values.movedim(-1, dim), indices.movedim(-1, dim)
+
+
+def prefix_cummax(self: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.cummax(self, dim)`` without a scan (``_prefix_extreme``).
+
+    Example:
+        >>> x = torch.tensor([[1, 3, 2, 3, 0]])
+        >>> [t.tolist() for t in prefix_cummax(x, 1)] == [t.tolist() for t in torch.cummax(x, 1)]
+        True
+    """
+    return _prefix_extreme(self, dim, largest=True)
+
+
+def prefix_cummin(self: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.cummin(self, dim)`` without a scan (``_prefix_extreme``)."""
+    return _prefix_extreme(self, dim, largest=False)
+
+
+def counting_searchsorted(sorted_sequence: torch.Tensor, self: torch.Tensor, *, out_int32: bool = False,
+                          right: bool = False, side: str | None = None, sorter: torch.Tensor | None = None) -> Any:
+    """``torch.searchsorted(sorted_sequence, self, ...)`` as a count of the entries below each value (``right``: not
+    above it), one broadcast comparison over the last dims; ``NotImplemented`` with a ``sorter``.
+
+    Example:
+        >>> edges, values = torch.tensor([1, 3, 5, 7]), torch.tensor([0, 3, 6, 9])
+        >>> counting_searchsorted(edges, values).tolist() == torch.searchsorted(edges, values).tolist()
+        True
+    """
+    if sorter is not None:
+        return NotImplemented
+    entries, asked = sorted_sequence.unsqueeze(-2), self.unsqueeze(-1)  # [..., 1, N], [..., M, 1]
+    below = entries <= asked if right or side == "right" else entries < asked
+    return below.sum(-1, dtype=torch.int32 if out_int32 else torch.int64)
 
 
 # The coefficients of Giles' single-precision erfinv, highest degree first: for w < 5 in (w - 2.5), else in
@@ -185,10 +241,16 @@ cropping_constant_pad.applies_to = _crops_node  # type: ignore[attr-defined]
 
 # The decompositions of the ATen ops that OpenVINO's frontend or ExecuTorch's kernels lack (module docstring).
 DENSE_DECOMPOSITIONS = {torch.ops.aten.scatter_reduce.two: dense_scatter_reduce,
-                        torch.ops.aten.erfinv.default: polynomial_erfinv}
+                        torch.ops.aten.erfinv.default: polynomial_erfinv,
+                        torch.ops.aten.cummax.default: prefix_cummax,
+                        torch.ops.aten.cummin.default: prefix_cummin,
+                        torch.ops.aten.searchsorted.Tensor: counting_searchsorted}
 # op -> the name of the ExecuTorch kernel that would run it.
 _EXECUTORCH_KERNELS = {torch.ops.aten.scatter_reduce.two: "aten::scatter_reduce.two_out",
-                       torch.ops.aten.erfinv.default: "aten::erfinv.out"}
+                       torch.ops.aten.erfinv.default: "aten::erfinv.out",
+                       torch.ops.aten.cummax.default: "aten::cummax.out",
+                       torch.ops.aten.cummin.default: "aten::cummin.out",
+                       torch.ops.aten.searchsorted.Tensor: "aten::searchsorted.Tensor_out"}
 
 
 def executorch_decompositions() -> dict[Any, Any]:
@@ -200,25 +262,44 @@ def executorch_decompositions() -> dict[Any, Any]:
 
 
 def openvino_decompositions() -> dict[Any, Any]:
-    """The entries of ``DENSE_DECOMPOSITIONS`` whose op OpenVINO's PyTorch frontend cannot convert (probed once;
-    it converts ``erfinv``)."""
+    """The entries of ``DENSE_DECOMPOSITIONS`` whose op OpenVINO's PyTorch frontend cannot convert (each probed once)."""
     return {op: DENSE_DECOMPOSITIONS[op] for op in _openvino_unconvertible()}
+
+
+class _OneOp(torch.nn.Module):
+    """A graph of one op call, for the frontend probe."""
+
+    def __init__(self, call: Any) -> None:
+        super().__init__()
+        self.call = call
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        return self.call(*args)
+
+
+# op -> (a call of it, example inputs): what ``_openvino_unconvertible`` tries to convert.
+_PROBES = {
+    torch.ops.aten.scatter_reduce.two: (lambda out, index, src: out.scatter_reduce(0, index, src, "amin", include_self=False),
+                                        (torch.zeros(3), torch.tensor([0, 2, 0]), torch.ones(3))),
+    torch.ops.aten.erfinv.default: (torch.erfinv, (torch.zeros(3),)),
+    torch.ops.aten.cummax.default: (lambda x: torch.cummax(x, 0), (torch.zeros(3),)),
+    torch.ops.aten.cummin.default: (lambda x: torch.cummin(x, 0), (torch.zeros(3),)),
+    torch.ops.aten.searchsorted.Tensor: (torch.searchsorted, (torch.arange(3.0), torch.zeros(2))),
+}
 
 
 @functools.cache
 def _openvino_unconvertible() -> tuple[Any, ...]:
-    """The ops of ``DENSE_DECOMPOSITIONS`` that ``convert_model`` refuses, each tried on a graph of that op alone."""
+    """The ops of ``DENSE_DECOMPOSITIONS`` that ``convert_model`` refuses, each tried on a graph of that op alone
+    (OpenVINO 2026.4.1 converts ``erfinv`` and ``searchsorted``, not ``scatter_reduce``, ``cummax`` or ``cummin``)."""
     import openvino
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
-    class ScatterReduce(torch.nn.Module):
-        def forward(self, out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-            return out.scatter_reduce(0, index, src, "amin", include_self=False)
-
-    probe = (torch.zeros(3), torch.tensor([0, 2, 0]), torch.ones(3))
-    module = torch.export.export(ScatterReduce(), probe).module()
-    try:
-        openvino.convert_model(TorchFXPythonDecoder(module, dynamic_shapes=True))
-    except Exception:  # noqa: BLE001 - any refusal means the frontend lacks the op
-        return (torch.ops.aten.scatter_reduce.two,)
-    return ()
+    refused = []
+    for op, (call, probe) in _PROBES.items():
+        module = torch.export.export(_OneOp(call), probe).module()
+        try:
+            openvino.convert_model(TorchFXPythonDecoder(module, dynamic_shapes=True))
+        except Exception:  # noqa: BLE001 - any refusal means the frontend lacks the op
+            refused.append(op)
+    return tuple(refused)

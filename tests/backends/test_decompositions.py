@@ -1,6 +1,7 @@
 """hfx's decompositions of ops a runtime lacks: ``dense_scatter_reduce`` equals the op, and the runtimes without it
 (OpenVINO's frontend, ExecuTorch's kernels) lower a segment reduction as TAPAS writes it; ExecuTorch lowers
-``erfinv`` (Gemma 3n) as ``giles_erfinv``."""
+``erfinv`` (Gemma 3n) as ``giles_erfinv``; ``cummax``, ``cummin`` and ``searchsorted`` (Grounding DINO) lower to
+both."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 import hfx
 from hfx.backends import _decompositions
-from hfx.backends._decompositions import dense_scatter_reduce
+from hfx.backends._decompositions import counting_searchsorted, dense_scatter_reduce, prefix_cummax, prefix_cummin
 
 # (self shape, dim, index length along dim)
 _CASES = [((5,), 0, 7), ((3, 6), 1, 4), ((6, 3), 0, 9), ((2, 3, 5), 1, 2), ((2, 3, 5), -1, 8)]
@@ -102,3 +103,57 @@ def assert_erfinv_matches_torch(program, length: int) -> None:
 def test_erfinv_lowers_to_executorch_and_matches_eager_at_new_shapes():
     pytest.importorskip("executorch")
     assert_erfinv_matches_torch(erfinv_program(hfx.lower_to_pte), 500)  # within the .pte's planned 512
+
+
+@pytest.mark.parametrize("shape", [(9,), (3, 9), (2, 4, 6)])
+def test_prefix_extremes_equal_torchs_values_and_tie_indices(shape):
+    generator = torch.Generator().manual_seed(len(shape))
+    for x in (torch.randint(0, 4, shape, generator=generator), torch.randn(shape, generator=generator)):  # ties, none
+        for dim in range(-len(shape), len(shape)):
+            for ours, torchs in ((prefix_cummax, torch.cummax), (prefix_cummin, torch.cummin)):
+                values, indices = ours(x, dim)
+                assert torch.equal(values, torchs(x, dim).values) and torch.equal(indices, torchs(x, dim).indices)
+
+
+def test_counting_searchsorted_equals_the_op():
+    generator = torch.Generator().manual_seed(0)
+    edges = torch.sort(torch.randint(0, 20, (2, 8), generator=generator), -1).values
+    values = torch.randint(-2, 22, (2, 5), generator=generator)
+    for right, out_int32 in itertools.product([False, True], [False, True]):
+        got = counting_searchsorted(edges, values, right=right, out_int32=out_int32)
+        want = torch.searchsorted(edges, values, right=right, out_int32=out_int32)
+        assert torch.equal(got, want) and got.dtype == want.dtype
+    assert counting_searchsorted(edges, values, sorter=torch.zeros(2, 8, dtype=torch.long)) is NotImplemented
+
+
+class SpecialTokenSpans(torch.nn.Module):
+    """Grounding DINO's text masks (``generate_masks_with_special_tokens_and_transfer_map``): the running maximum
+    of the special tokens' positions, the running minimum over the flipped text, and a bucket per position."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        special = torch.where(input_ids % 5 == 0, positions, torch.zeros_like(positions))
+        previous = torch.cummax(special, dim=1).values
+        following = torch.cummin(torch.where(special > 0, special, input_ids.shape[1]).flip(1), dim=1).values.flip(1)
+        buckets = torch.searchsorted(torch.tensor([2.0, 4.0, 8.0]), positions.float().contiguous())
+        return previous + following + buckets
+
+
+@pytest.mark.parametrize(("runtime", "package"), [("lower_to_ov", "openvino"), ("lower_to_pte", "executorch")])
+def test_running_extremes_and_a_search_lower_and_match_eager_at_new_shapes(runtime, package):
+    pytest.importorskip(package)
+    model = SpecialTokenSpans()
+    ids = lambda batch, sequence: {"input_ids": torch.randint(1, 30, (batch, sequence),  # noqa: E731
+                                                              generator=torch.Generator().manual_seed(sequence))}
+    program = getattr(hfx, runtime)(hfx.export(hfx.capture(ids(2, 7), model)))
+    for batch, sequence in ((3, 11), (1, 4)):
+        assert hfx.verify(model, ids(batch, sequence), program).passed
+
+
+def test_the_runtimes_still_lack_the_search_and_running_extremes():
+    """Canary: when one fails, that runtime converts or runs the op and its entry steps aside."""
+    ops = {torch.ops.aten.cummax.default, torch.ops.aten.cummin.default, torch.ops.aten.searchsorted.Tensor}
+    if pytest.importorskip("openvino"):
+        assert ops <= set(_decompositions.openvino_decompositions())
+    if pytest.importorskip("executorch"):
+        assert ops <= set(_decompositions.executorch_decompositions())
