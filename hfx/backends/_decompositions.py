@@ -261,9 +261,11 @@ def executorch_decompositions() -> dict[Any, Any]:
     return {op: function for op, function in DENSE_DECOMPOSITIONS.items() if _EXECUTORCH_KERNELS[op] not in registered}
 
 
-def openvino_decompositions() -> dict[Any, Any]:
-    """The entries of ``DENSE_DECOMPOSITIONS`` whose op OpenVINO's PyTorch frontend cannot convert (each probed once)."""
-    return {op: DENSE_DECOMPOSITIONS[op] for op in _openvino_unconvertible()}
+def openvino_decompositions(ops: Any = None) -> dict[Any, Any]:
+    """The entries of ``DENSE_DECOMPOSITIONS`` whose op OpenVINO's PyTorch frontend cannot convert, among ``ops``
+    (a graph's call targets; all by default). Each op is probed once per process, only when asked about."""
+    wanted = DENSE_DECOMPOSITIONS if ops is None else [op for op in DENSE_DECOMPOSITIONS if op in set(ops)]
+    return {op: DENSE_DECOMPOSITIONS[op] for op in wanted if _openvino_refuses(op)}
 
 
 class _OneOp(torch.nn.Module):
@@ -277,7 +279,7 @@ class _OneOp(torch.nn.Module):
         return self.call(*args)
 
 
-# op -> (a call of it, example inputs): what ``_openvino_unconvertible`` tries to convert.
+# op -> (a call of it, example inputs): what ``_openvino_refuses`` tries to convert.
 _PROBES = {
     torch.ops.aten.scatter_reduce.two: (lambda out, index, src: out.scatter_reduce(0, index, src, "amin", include_self=False),
                                         (torch.zeros(3), torch.tensor([0, 2, 0]), torch.ones(3))),
@@ -289,17 +291,16 @@ _PROBES = {
 
 
 @functools.cache
-def _openvino_unconvertible() -> tuple[Any, ...]:
-    """The ops of ``DENSE_DECOMPOSITIONS`` that ``convert_model`` refuses, each tried on a graph of that op alone
-    (OpenVINO 2026.4.1 converts ``erfinv`` and ``searchsorted``, not ``scatter_reduce``, ``cummax`` or ``cummin``)."""
+def _openvino_refuses(op: Any) -> bool:
+    """Whether ``convert_model`` refuses a graph of ``op`` alone (its ``_PROBES`` call; OpenVINO 2026.4.1 converts
+    ``erfinv`` and ``searchsorted``, not ``scatter_reduce``, ``cummax`` or ``cummin``)."""
     import openvino
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
-    refused = []
-    for op, (call, probe) in _PROBES.items():
-        module = torch.export.export(_OneOp(call), probe).module()
-        try:
-            openvino.convert_model(TorchFXPythonDecoder(module, dynamic_shapes=True))
-        except Exception:  # noqa: BLE001 - any refusal means the frontend lacks the op
-            refused.append(op)
-    return tuple(refused)
+    call, probe = _PROBES[op]
+    module = torch.export.export(_OneOp(call), probe).module()
+    try:
+        openvino.convert_model(TorchFXPythonDecoder(module, dynamic_shapes=True))
+    except Exception:  # noqa: BLE001 - any refusal means the frontend lacks the op
+        return True
+    return False

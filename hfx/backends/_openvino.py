@@ -401,7 +401,7 @@ def _convert(exported: Exported, graph_fixes: tuple[OvGraphFix, ...]) -> Any:
     # run_decompositions returns a new program and module() a new GraphModule; exported.program is not touched.
     # Without torch's input-guard call (torch 2.14 adds one that reads every input): OpenVINO drops it and an input
     # only it read, which then counted as read (Qwen2.5-VL's grid_thw); hfx._contract checks the inputs instead.
-    module = exported.program.run_decompositions(_decompositions()).module(check_guards=False)
+    module = exported.program.run_decompositions(_decompositions(exported.program)).module(check_guards=False)
     for fix in graph_fixes:
         fix(module.graph)
     module.recompile()
@@ -417,10 +417,10 @@ def _placeholders(module: Any) -> list[Any]:
     return [node for node in module.graph.nodes if node.op == "placeholder"]
 
 
-def _decompositions() -> Any:
+def _decompositions(program: torch.export.ExportedProgram) -> Any:
     """torch's default decompositions minus the ops OpenVINO converts whole, as ``convert_model`` builds them,
-    plus hfx's decompositions of the core ops its frontend cannot convert (``scatter_reduce.two``,
-    ``hfx.backends._decompositions.openvino_decompositions``).
+    plus hfx's decompositions of the ops in ``program`` its frontend cannot convert (``scatter_reduce.two``,
+    ``cummax`` …, ``hfx.backends._decompositions.openvino_decompositions``).
 
     ``convert_model(ExportedProgram)`` builds the same table in
     ``TorchFXPythonDecoder.from_exported_program`` (openvino 2026.4), but it logs a
@@ -434,7 +434,9 @@ def _decompositions() -> Any:
     table = torch.export.default_decompositions()
     for op in ops_to_not_decompose():
         table.pop(op, None)
-    table.update(openvino_decompositions())
+    targets = {node.target for module in program.graph_module.modules() if isinstance(module, torch.fx.GraphModule)
+               for node in module.graph.nodes}
+    table.update(openvino_decompositions(targets))
     return table
 
 
