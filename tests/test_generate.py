@@ -10,6 +10,7 @@ from toolz import pipe
 
 import hfx
 from hfx import zoo
+from hfx._contract import input_keys
 from hfx._generate import initial_cache
 from tests.helpers import (
     CACHE_ARGUMENT,
@@ -309,3 +310,14 @@ def test_an_image_encoder_decoder_starts_its_decoder_from_the_prompt_as_eager_do
         want = model.generate(**prompt, max_new_tokens=6, do_sample=False)
     got = hfx.generate(prompt, parts, max_new_tokens=6)
     assert got.shape[-1] > prompt["input_ids"].shape[-1] and torch.equal(got, want)
+
+
+def test_a_language_model_given_one_row_of_positions_for_the_batch_computes_them_itself():
+    # EXAONE 4.5's forward hands its language model arange(past, past + length)[None] for every prompt, padded or
+    # not; captured as an input, that row had batch 1 beside batch-2 embeddings ("Constraints violated (batch)").
+    name = "image-text-to-text:exaone4_5"
+    model, parts = decomposed(name)
+    assert "position_ids" not in parts["language_model"].kwargs
+    programs = hfx.export(parts)
+    assert "position_ids" not in input_keys(programs["language_model"].io)
+    assert_eager_tokens(model, programs, name)

@@ -163,8 +163,28 @@ def encoder_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any], 
     return attrs.evolve(capture, dynamic_shapes=attrs.evolve(shapes, bounds=bounds))
 
 
+def _without_broadcast_positions(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without ``position_ids`` when they are one row for the whole batch counting on from the cache's
+    length, which the language model computes itself when given none.
+
+    Model pattern: EXAONE 4.5's forward gives its language model ``arange(past, past + length)[None]`` for
+    every prompt, padded or not (its ``prepare_inputs_for_generation`` passes no positions). Kept, the row
+    would be a batch-1 input beside batch-2 embeddings ("Constraints violated (batch)").
+    """
+    positions, embeds, cache = kwargs.get("position_ids"), kwargs.get("inputs_embeds"), kwargs.get("past_key_values")
+    if not (isinstance(positions, torch.Tensor) and isinstance(embeds, torch.Tensor) and positions.ndim == 2
+            and positions.shape[0] == 1 < embeds.shape[0]):
+        return kwargs
+    past = cache.get_seq_length() if callable(getattr(cache, "get_seq_length", None)) else 0
+    if not torch.equal(positions[0], torch.arange(past, past + positions.shape[1], device=positions.device)):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k != "position_ids"}
+
+
 def part_capture(name: str, module: torch.nn.Module, kwargs: dict[str, Any]) -> Capture:
     """A multimodal prefill part's capture, with the axes of inputs no shape rule knows by name."""
+    if name == "language_model":
+        kwargs = _without_broadcast_positions(kwargs)
     capture = Capture(module=module, source=module, kwargs=kwargs, name=name)
     if name in ("embed_tokens", "lm_head"):  # one input: token ids, or the hidden states of the kept positions
         key = next(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
