@@ -198,22 +198,18 @@ def recorded_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: 
         own = [kwargs for label, kwargs in tower_calls.get(modality, []) if label == modality]
         if not found:
             continue
+        computed = {name: entry["options"] for name, entry in vision_inputs.get(modality, {}).items()}
         # no projector, and the tower's output is the features (Qwen2-VL's merger)
         if modality not in ran and own and same_features(method_outputs[modality][0], tower_outputs[modality][0]):
             values = {k: v for entry in vision_inputs[modality].values() for k, v in entry["values"].items()}
             encoders[f"{modality}_encoder"] = (towers[modality], {**own[0], **values})
-            encoder_inputs[f"{modality}_encoder"] = EncoderInputs(
-                names=_renamed(own[0], found[0]),
-                computed={name: entry["options"] for name, entry in vision_inputs[modality].items()},
-            )
+            encoder_inputs[f"{modality}_encoder"] = EncoderInputs(names=_renamed(own[0], found[0]), computed=computed)
         else:
-            encoder = FeatureEncoder(base, method, used.get(modality))
-            encoders[f"{modality}_encoder"] = (encoder, {**found[0], **_precomputed(vision_inputs.get(modality), base, method, modality)})
-            if encoders[f"{modality}_encoder"][1].keys() != found[0].keys():  # the tower's getters' values go in too
-                encoder_inputs[f"{modality}_encoder"] = EncoderInputs(
-                    names={k: k for k, v in found[0].items() if isinstance(v, torch.Tensor)},
-                    computed={name: entry["options"] for name, entry in vision_inputs[modality].items()},
-                )
+            precomputed = _precomputed(vision_inputs.get(modality), base, method, modality)
+            encoders[f"{modality}_encoder"] = (FeatureEncoder(base, method, used.get(modality)), {**found[0], **precomputed})
+            if precomputed:  # the tower's getters' values go in too, computed by generate for new images
+                names = {k: k for k, v in found[0].items() if isinstance(v, torch.Tensor)}
+                encoder_inputs[f"{modality}_encoder"] = EncoderInputs(names=names, computed=computed)
     recorded_parts = {
         f"{modality}_projector" if len(used) > 1 else "projector": (projector_modules[name], part_calls[name][0][1])
         for modality, name in used.items()
