@@ -96,7 +96,7 @@ def empty_cats_as_zeros(graph: Any, /) -> None:
         rank = len(getattr(value, "shape", ()))
         if not rank or not operands:
             continue
-        dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % rank
+        dim = _cat_dim(node) % rank
         if not any(isinstance(size, int) and size == 0 for d, size in enumerate(value.shape) if d != dim):
             continue
         with graph.inserting_before(node):
@@ -124,6 +124,11 @@ def empty_cats_as_zeros(graph: Any, /) -> None:
         zeros.meta = dict(node.meta)
         node.replace_all_uses_with(zeros)
         graph.erase_node(node)
+
+
+def _cat_dim(node: Any) -> int:
+    """The dim an ``aten.cat`` node concatenates along, as written (it may be negative)."""
+    return node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
 
 
 def _is_legacy_empty(value: Any) -> bool:
@@ -455,7 +460,7 @@ def splits_of_a_cat_as_its_operands(graph: Any, /) -> None:
                 user.target is operator.getitem for user in node.users):
             continue
         operands = list(source.args[0])
-        cat_dim = source.args[1] if len(source.args) > 1 else source.kwargs.get("dim", 0)
+        cat_dim = _cat_dim(source)
         rank = len(source.meta["val"].shape) if "val" in source.meta else None
         if rank is None or dim % rank != cat_dim % rank or len(operands) != len(sizes):
             continue
