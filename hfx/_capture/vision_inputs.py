@@ -195,8 +195,9 @@ def precomputed_input_names(model: torch.nn.Module) -> frozenset[str]:
         >>> precomputed_input_names(torch.nn.Linear(1, 1))
         frozenset()
     """
-    if _getter_results(model):
-        return frozenset(_getter_results(model))
+    own = _getter_results(model)
+    if own:
+        return frozenset(own)
     return frozenset(
         f"{modality}_{key}"
         for modality, tower in _packed_modalities(model).items()
