@@ -181,6 +181,29 @@ class DataDependent(torch.nn.Module):
         return input * 2, torch.zeros(count)
 
 
+class PatchGrid(torch.nn.Module):
+    """RADIO's patch embedding: 8-pixel patches by ``reshape`` (a size that is not a multiple of 8 fails, in eager
+    too) and a 4 x 4 position table resized to the grid. Traced at 32 px, hfx keeps the sizes 32 to 39 its branches
+    allow (``h // 8 == 4``), of which 32 alone runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(16, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        batch, channels, height, width = pixel_values.shape
+        rows, cols = height // 8, width // 8
+        patches = pixel_values.reshape(batch, channels, rows, 8, cols, 8).permute(0, 2, 4, 1, 3, 5)
+        patches = patches.reshape(batch, rows * cols, channels * 64)[..., :4]
+        table = torch.nn.functional.interpolate(self.table.reshape(1, 4, 4, 4).permute(0, 3, 1, 2),
+                                                size=(max(rows, cols),) * 2, mode="bilinear")
+        if rows < table.shape[-2]:
+            table = table[..., :rows, :]
+        if cols < table.shape[-1]:
+            table = table[..., :cols]
+        return patches + table.flatten(2).permute(0, 2, 1)
+
+
 def schema_1_meta(meta: dict) -> dict:
     """A ``GenerationMeta.to_json()`` as manifests of schema 1 held it: one flat dict, ``save(meta=...)``'s facts on top."""
     generation, roles, model = meta["generation"], meta["roles"], meta["model"]

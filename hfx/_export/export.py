@@ -11,7 +11,7 @@ from toolz import curry
 from torch.utils import _pytree as pytree
 
 from hfx._capture.dynamic_shapes import dim_sizes, infer_dynamic_shapes
-from hfx._export.guard_ranges import guard_interval
+from hfx._export.guard_ranges import guard_interval, pinned_by_guards
 from hfx._export.torch_shapes import derived_dim, refine, to_torch, widen_unit_axes
 from hfx._errors import CaptureError, PatchError, describe
 from hfx._export.asserts import on_input_sizes_only, without_asserts
@@ -142,11 +142,17 @@ def _export_refining(
         except AssertionError as exc:
             # torch fails to phrase its suggested fixes for a guard on a dim modulo a constant ("Cannot create Dim
             # with inconsistent min=1, max=-oo", torch 2.13): the dims as automatic ones, ranged by their guards.
+            phrasing = "Cannot create Dim" in str(exc)
             ranged = _guard_ranged(flat, shapes, frozenset(shapes.bounds), patches, declared, traced) \
-                if "Cannot create Dim" in str(exc) else None
-            if ranged is None:
+                if phrasing else None
+            if ranged is not None:
+                return ranged
+            # Where the guards allow the captured size alone ("min=4, max=4": RADIO's patch grid, ``height // 8``,
+            # over the bounds [32, 39] of ExecuTorch's re-export), the fix torch could not phrase makes it static.
+            pinned = _pinned_by_guards(flat, shapes, patches, declared, traced) if phrasing else frozenset()
+            if not pinned:
                 raise _capture_error(flat, exc) from exc
-            return ranged
+            shapes = _static(shapes, pinned)
         except Exception as exc:
             raise _capture_error(flat, exc) from exc
     raise _capture_error(flat, RuntimeError("dynamic shapes did not settle"))
@@ -184,13 +190,10 @@ def _guard_ranged(
     """The program with the ``pinned`` dims as ``Dim.AUTO`` and each narrowed to the sizes where its guards hold
     (``guard_interval``), as automatic dims would export it; ``None`` where that export fails or a dim stays pinned,
     and torch's fix (static) applies."""
-    try:
-        program = _torch_export(flat, shapes, patches, deferred=False, declared=declared, traced=traced, auto=pinned)
-    except Exception:  # noqa: BLE001 - the named export's own error is the one to report
+    automatic = _with_automatic(flat, shapes, pinned, patches, declared, traced)
+    if automatic is None:
         return None
-    guards = getattr(program, "_guards_code", None)
-    if not isinstance(guards, list):
-        return None
+    program, guards = automatic
     # The other dims as the named export gives them back; each pinned one the run of sizes its guards allow (not
     # lowered to the declared minimum: a guard may exclude the sizes below).
     sizes, bounds = dim_sizes(flat.kwargs, shapes), dict(_with_lower_bounds(shapes, declared, traced).bounds)
@@ -203,6 +206,36 @@ def _guard_ranged(
     ranged = DynamicShapes(axes=shapes.axes, bounds=bounds)
     _narrow(program, flat.kwargs, ranged, pinned)
     return program, ranged
+
+
+def _with_automatic(
+    flat: Capture, shapes: DynamicShapes, names: frozenset[str], patches: tuple[Patch, ...], declared: DynamicShapes,
+    traced: Mapping[str, int],
+) -> tuple[torch.export.ExportedProgram, list[str]] | None:
+    """The program exported with the dims ``names`` as ``Dim.AUTO``, and its guards; ``None`` where that fails."""
+    try:
+        program = _torch_export(flat, shapes, patches, deferred=False, declared=declared, traced=traced, auto=names)
+    except Exception:  # noqa: BLE001 - the named export's own error is the one to report
+        return None
+    guards = getattr(program, "_guards_code", None)
+    return (program, guards) if isinstance(guards, list) else None
+
+
+def _pinned_by_guards(
+    flat: Capture, shapes: DynamicShapes, patches: tuple[Patch, ...], declared: DynamicShapes,
+    traced: Mapping[str, int],
+) -> frozenset[str]:
+    """The dims of ``shapes`` whose guards, with every dim automatic, hold at the captured size alone within the
+    dim's bounds (``pinned_by_guards``): the sizes the program runs at, which torch's suggested fix would state."""
+    automatic = _with_automatic(flat, shapes, frozenset(shapes.bounds), patches, declared, traced)
+    if automatic is None:
+        return frozenset()
+    guards, sizes = automatic[1], dim_sizes(flat.kwargs, shapes)
+    return frozenset(
+        name for name in shapes.bounds if name in sizes and pinned_by_guards(
+            guards, flat.kwargs, {(leaf, axis) for leaf, per_axis in shapes.axes.items()
+                                  for axis, dim in per_axis.items() if dim == name},
+            sizes[name], shapes.bounds[name]))
 
 
 def _narrow(program: torch.export.ExportedProgram, kwargs: Mapping[str, Any], shapes: DynamicShapes,

@@ -58,6 +58,33 @@ def guard_interval(
         >>> guard_interval(guards, {"x": torch.ones(2, 7)}, {("x", 1)}, 7, (1, 512))
         (1, 127)
     """
+    holds = _holding_at(guards, kwargs, axes)
+    return None if holds is None else _widest(holds, size, bounds)
+
+
+def pinned_by_guards(
+    guards: Sequence[str], kwargs: Mapping[str, Any], axes: set[tuple[str, int]], size: int,
+    bounds: tuple[int, int | None],
+) -> bool:
+    """Whether every guard holds at ``size`` and some guard fails at each size next to it within ``bounds``
+    (as ``guard_interval``): the program runs at that size of the dim alone.
+
+    Example:
+        >>> import torch
+        >>> guards = ["(L['x'].size()[1] % (L['x'].size()[1] // 8)) == 0", "(L['x'].size()[1] // 8) == 4"]
+        >>> pinned_by_guards(guards, {"x": torch.ones(2, 32)}, {("x", 1)}, 32, (32, 39))
+        True
+    """
+    holds = _holding_at(guards, kwargs, axes)
+    try:
+        return holds is not None and holds(size) and _widest(holds, size, bounds) is None
+    except _Unreadable:
+        return False
+
+
+def _holding_at(guards: Sequence[str], kwargs: Mapping[str, Any], axes: set[tuple[str, int]]) -> Any:
+    """``size -> whether every guard holds`` with the dim at ``axes`` of ``kwargs`` at that size (every other
+    axis at its size in ``kwargs``); ``None`` where a guard does not parse."""
     try:
         compiled = [compile(guard, "<guard>", "eval") for guard in guards]
     except SyntaxError:
@@ -68,7 +95,7 @@ def guard_interval(
                    for name, t in kwargs.items() if isinstance(t, torch.Tensor)}
         return _all_hold(compiled, {"L": tensors})
 
-    return _widest(holds, size, bounds)
+    return holds
 
 
 def _all_hold(codes: Sequence[Any], names: Mapping[str, Any]) -> bool:

@@ -41,6 +41,7 @@ import attrs
 import torch
 from toolz import curry
 
+from hfx._capture.dynamic_shapes import dim_sizes
 from hfx._export.example_inputs import example_kwargs
 from hfx._export.torch_shapes import derived_dim
 from hfx._export.updates import for_runtime
@@ -570,14 +571,14 @@ def _bounded(
                 is_flat=True, name=exported.name),
         patches=(),
     )
-    fixed = sorted(set(dynamic) - set(again.dynamic_shapes.names))
-    if fixed:
-        msg = f"torch.export made dim(s) {fixed} static in this graph; the program cannot take other sizes"
-        raise ValueError(msg)
+    # A dim the new export makes static runs at its example size alone within ``bounds`` (the graph's guards fail
+    # at every other: RADIO's patch grid at 32 to 39 px): it keeps that size.
+    static = {name: size for name, size in dim_sizes(kwargs, exported.dynamic_shapes).items()
+              if name in dynamic and name not in again.dynamic_shapes.names}
     kept = {}
     for name, (lo, hi) in bounds.items():
         narrower = again.dynamic_shapes.bounds.get(name, (lo, hi))[1]
-        kept[name] = (lo, min(hi, narrower if narrower is not None else hi))
+        kept[name] = (static[name],) * 2 if name in static else (lo, min(hi, narrower if narrower is not None else hi))
     return again.program, kept
 
 

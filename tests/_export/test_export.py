@@ -8,7 +8,7 @@ from toolz import pipe
 
 import hfx
 from hfx import zoo
-from tests.helpers import PARITY_MODELS, assert_same_state, new_inputs, state_of
+from tests.helpers import PARITY_MODELS, PatchGrid, assert_same_state, new_inputs, state_of
 from tests.tolerances import FP32_PARITY
 
 
@@ -182,6 +182,26 @@ def test_a_dim_its_guards_pin_to_a_range_named_dims_cannot_state_keeps_that_rang
                 exported(input_ids=ids)
         else:
             torch.testing.assert_close(exported(input_ids=ids), model(input_ids=ids), rtol=0, atol=0)
+
+
+def test_a_dim_its_guards_allow_at_one_size_of_its_bounds_becomes_static():
+    # Over [32, 39] px, RADIO's patch grid ``height // 8`` is 4 and its reshape runs at 32 alone: torch 2.13 fails
+    # to word that fix ("Cannot create Dim with inconsistent min=4, max=4"), hfx applies it (the dim static).
+    model = PatchGrid()
+    pixels = {"pixel_values": torch.randn(2, 3, 32, 32)}
+    exported = hfx.export(hfx.capture(pixels, model), bounds={"height": (32, 39), "width": (32, 39)})
+    assert exported.dynamic_shapes.names == ("batch",)
+    x = torch.randn(3, 3, 32, 32)
+    torch.testing.assert_close(exported(pixel_values=x), model(x), rtol=0, atol=0)
+
+
+def test_without_the_fix_torch_cannot_word_a_dim_pinned_within_its_bounds():
+    """Canary: when torch words the fix itself (a static dim), ``_pinned_by_guards`` in hfx/_export/export.py
+    can go."""
+    height, width = torch.export.Dim("height", min=32, max=39), torch.export.Dim("width", min=32, max=39)
+    with pytest.raises(AssertionError, match="Cannot create Dim with inconsistent min=4, max=4"):
+        torch.export.export(PatchGrid(), (torch.randn(2, 3, 32, 32),), dynamic_shapes=({2: height, 3: width},),
+                            strict=False)
 
 
 def test_longt5_keeps_its_sequence_dynamic_within_one_block():

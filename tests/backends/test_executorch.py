@@ -34,6 +34,7 @@ from hfx.backends._executorch import (  # noqa: E402
 )
 from tests.helpers import (  # noqa: E402
     CAPTURE_SHAPE,
+    PatchGrid,
     eager_tokens,
     exported_by_name,
     memoized,
@@ -226,6 +227,20 @@ def test_max_sizes_above_the_export_bound_is_a_value_error(exported):
 def test_bad_max_sizes_are_value_errors(exported, max_sizes, match):
     with pytest.raises(ValueError, match=match):
         pte_bounds(exported("bert"), max_sizes=max_sizes)
+
+
+def test_a_dim_the_bounded_export_pins_keeps_the_one_size_it_runs_at():
+    # RADIO (issue 19): exported with [32, 39] px, of which 32 alone runs; lowering exports again with those bounds,
+    # where torch pins the dim. The program keeps 32 px and refuses 36 with the bounds (eager's reshape fails there).
+    model = PatchGrid()
+    exported = hfx.export(hfx.capture({"pixel_values": torch.randn(2, 3, 32, 32)}, model))
+    assert exported.io.bounds["height"][0] <= 32 <= exported.io.bounds["height"][1]
+    program = lower_to_pte(exported)
+    assert program.io.bounds["height"] == program.io.bounds["width"] == (32, 32)
+    x = torch.randn(3, 3, 32, 32)
+    torch.testing.assert_close(program(pixel_values=x), model(x), rtol=0, atol=FP32_SAME_KERNELS)
+    with pytest.raises(InputError, match=r"is 36, outside the program's bounds \[32, 32\]"):
+        program(pixel_values=torch.randn(1, 3, 36, 32))
 
 
 def test_components_are_mapped_and_a_dim_of_bound_one_is_static(linear):
