@@ -25,6 +25,9 @@ computes it with two polynomials; ONNX's translation of the op
 ``cropping_constant_pad``: ``aten.constant_pad_nd`` with a negative entry (a crop, RWKV's token
 shift) as a pad and a slice, for ExecuTorch, whose kernel refuses negative padding.
 
+``frame_wise_convolution``: a 3-D ``aten.convolution`` (VideoMAE and ViViT's tubelet embedding) as 2-D
+convolutions over frames, for ExecuTorch, whose kernel and XNNPACK take none.
+
 ``prefix_cummax``, ``prefix_cummin`` and ``counting_searchsorted``: Grounding DINO and MM Grounding
 DINO take running extremes of their special tokens' positions and bucket positions with
 ``searchsorted`` (transformers 5.22-5.24). ExecuTorch 1.5.1 has no kernel for any of them ("Operator
@@ -232,6 +235,58 @@ def cropping_constant_pad(self: torch.Tensor, pad: list[int], value: float = 0.0
 def _crops_node(node: torch.fx.Node) -> bool:
     """Whether ``cropping_constant_pad`` rewrites this ``constant_pad_nd`` call of a graph (its padding crops)."""
     return crops(node.args[1])
+
+
+def frame_wise_convolution(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: list[int], padding: list[int],  # noqa: A002
+    dilation: list[int], transposed: bool, output_padding: list[int], groups: int,
+) -> Any:
+    """A 3-D ``aten.convolution`` as the sum, over the kernel's frames, of 2-D convolutions of the input's frames it
+    reads; ``NotImplemented`` (the op as it is) for any other convolution.
+
+    Video transformers embed tubelets with ``nn.Conv3d`` (VideoMAE, ViViT; transformers 5.22-5.24).
+    XNNPACK takes no 3-D convolution and ExecuTorch 1.5.1's portable kernel refuses a 5-D input
+    ("Expect input tensor to be 3-D or 4-D, but got, 5", kernel_ops_util.cpp): the method fails with
+    InvalidArgument. The 2-D convolutions run in XNNPACK, each on every output frame at once.
+
+    Example:
+        >>> x, w = torch.randn(2, 3, 5, 8, 8), torch.randn(4, 3, 2, 3, 3)
+        >>> want = torch.nn.functional.conv3d(x, w, stride=(2, 1, 1), padding=(1, 1, 1))
+        >>> got = frame_wise_convolution(x, w, None, [2, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1)
+        >>> got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+        True
+    """
+    if transposed or input.dim() != 5:
+        return NotImplemented
+    aten = torch.ops.aten
+    frames_stride, frames_padding, frames_dilation = stride[0], padding[0], dilation[0]
+    if frames_padding:
+        input = aten.constant_pad_nd.default(input, [0, 0, 0, 0, frames_padding, frames_padding])  # noqa: A001
+    batch, frames = input.shape[0], input.shape[2]
+    taps = weight.shape[2]
+    out_frames = (frames - frames_dilation * (taps - 1) - 1) // frames_stride + 1
+    total = None
+    for tap in range(taps):
+        start = tap * frames_dilation
+        read = aten.slice.Tensor(input, 2, start, start + (out_frames - 1) * frames_stride + 1, frames_stride)
+        read = aten.permute.default(read, [0, 2, 1, 3, 4])
+        read = aten.reshape.default(read, [batch * out_frames, *read.shape[2:]])
+        tapped = aten.convolution.default(read, aten.select.int(weight, 2, tap), None, stride[1:], padding[1:],
+                                          dilation[1:], False, [0, 0], groups)
+        total = tapped if total is None else aten.add.Tensor(total, tapped)
+    if bias is not None:
+        total = aten.add.Tensor(total, aten.reshape.default(bias, [-1, 1, 1]))
+    total = aten.reshape.default(total, [batch, out_frames, *total.shape[1:]])
+    return aten.permute.default(total, [0, 2, 1, 3, 4])
+
+
+def _convolves_frames(node: torch.fx.Node) -> bool:
+    """Whether ``frame_wise_convolution`` rewrites this ``convolution`` call of a graph (a 3-D one)."""
+    value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    return not node.args[6] and getattr(value, "ndim", 0) == 5
+
+
+frame_wise_convolution.applies_to = _convolves_frames  # type: ignore[attr-defined]
 
 
 # Which calls the entry rewrites: a pass that asks whether a table would change a graph reads it

@@ -156,7 +156,7 @@ def patch_edge_decomposition_table() -> Iterator[None]:
     from executorch.exir.program import _program
     from torch._decomp import decomposition_table
 
-    from hfx.backends._decompositions import cropping_constant_pad, executorch_decompositions
+    from hfx.backends._decompositions import cropping_constant_pad, executorch_decompositions, frame_wise_convolution
 
     original = vars(_program)["_default_decomposition_table"]
     table = original()  # reading it materialises the table (60 ms), so it is read once per lowering
@@ -164,6 +164,8 @@ def patch_edge_decomposition_table() -> Iterator[None]:
     missing.update({op: function for op, function in executorch_decompositions().items() if op not in table})
     if torch.ops.aten.constant_pad_nd.default not in table:  # its kernel refuses negative padding (a crop)
         missing[torch.ops.aten.constant_pad_nd.default] = cropping_constant_pad
+    if torch.ops.aten.convolution.default not in table:  # neither its kernel nor XNNPACK takes a 3-D one
+        missing[torch.ops.aten.convolution.default] = frame_wise_convolution
     if not missing:
         yield
         return

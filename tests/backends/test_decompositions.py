@@ -13,7 +13,13 @@ import torch
 
 import hfx
 from hfx.backends import _decompositions
-from hfx.backends._decompositions import counting_searchsorted, dense_scatter_reduce, prefix_cummax, prefix_cummin
+from hfx.backends._decompositions import (
+    counting_searchsorted,
+    dense_scatter_reduce,
+    frame_wise_convolution,
+    prefix_cummax,
+    prefix_cummin,
+)
 
 # (self shape, dim, index length along dim)
 _CASES = [((5,), 0, 7), ((3, 6), 1, 4), ((6, 3), 0, 9), ((2, 3, 5), 1, 2), ((2, 3, 5), -1, 8)]
@@ -157,3 +163,61 @@ def test_the_runtimes_still_lack_the_search_and_running_extremes():
         assert ops <= set(_decompositions.openvino_decompositions())
     if pytest.importorskip("executorch"):
         assert ops <= set(_decompositions.executorch_decompositions())
+
+
+# (stride, padding, dilation, groups, bias) of 3-D convolutions: tubelets (stride = kernel), overlapping and padded
+# frames, dilated frames, grouped channels
+_CONV3D_CASES = [((2, 4, 4), (0, 0, 0), (1, 1, 1), 1, True), ((1, 1, 1), (1, 1, 1), (1, 1, 1), 1, False),
+                 ((2, 1, 2), (2, 0, 1), (2, 1, 1), 2, True)]
+
+
+@pytest.mark.parametrize(("stride", "padding", "dilation", "groups", "bias"), _CONV3D_CASES)
+def test_frame_wise_convolution_equals_a_3d_convolution(stride, padding, dilation, groups, bias):
+    generator = torch.Generator().manual_seed(groups)
+    x = torch.randn(2, 4, 7, 8, 8, generator=generator)
+    weight = torch.randn(6, 4 // groups, 3, 4, 4, generator=generator)
+    b = torch.randn(6, generator=generator) if bias else None
+    want = torch.nn.functional.conv3d(x, weight, b, stride, padding, dilation, groups)
+    got = frame_wise_convolution(x, weight, b, list(stride), list(padding), list(dilation), False, [0, 0, 0], groups)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_frame_wise_convolution_leaves_other_convolutions_to_the_op():
+    x, weight = torch.randn(1, 2, 6, 6), torch.randn(3, 2, 3, 3)
+    assert frame_wise_convolution(x, weight, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1) is NotImplemented
+    video, kernel = torch.randn(1, 2, 3, 6, 6), torch.randn(2, 3, 1, 3, 3)
+    assert frame_wise_convolution(video, kernel, None, [1, 1, 1], [0] * 3, [1] * 3, True, [0] * 3, 1) is NotImplemented
+
+
+class Tubelets(torch.nn.Module):
+    """VideoMAE's patch embedding: ``[batch, frames, channels, height, width]`` into tubelets of 2 frames x 8 x 8
+    pixels by a 3-D convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.projection = torch.nn.Conv3d(3, 8, kernel_size=(2, 8, 8), stride=(2, 8, 8))
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.projection(pixel_values.permute(0, 2, 1, 3, 4)).flatten(2).transpose(1, 2)
+
+
+def _video(batch: int) -> dict[str, torch.Tensor]:
+    return {"pixel_values": torch.randn(batch, 4, 3, 16, 16, generator=torch.Generator().manual_seed(batch))}
+
+
+def test_a_tubelet_embedding_lowers_to_executorch_and_matches_eager_at_a_new_batch():
+    pytest.importorskip("executorch")
+    model = Tubelets()
+    program = hfx.lower_to_pte(hfx.export(hfx.capture(_video(2), model)))
+    assert hfx.verify(model, _video(3), program).passed
+
+
+def test_executorch_still_refuses_a_3d_convolution(monkeypatch):
+    """Canary: when this fails, ExecuTorch runs a 3-D convolution and ``frame_wise_convolution`` can go."""
+    pytest.importorskip("executorch")
+    as_it_is = lambda *args: NotImplemented  # noqa: E731 - the entry, stepping aside
+    as_it_is.applies_to = lambda node: False
+    monkeypatch.setattr(_decompositions, "frame_wise_convolution", as_it_is)
+    program = hfx.lower_to_pte(hfx.export(hfx.capture(_video(2), Tubelets())))
+    with pytest.raises(hfx.LoweringError, match="InvalidArgument"):
+        program(**_video(2))
