@@ -16,7 +16,8 @@ Stage = Callable[..., Any]
 S = TypeVar("S", bound=Stage)
 
 
-def per_component(stage: S, /, *, name: str | None = None) -> S:
+def per_component(stage: S, /, *, name: str | None = None,
+                  options_for: Callable[[Components, str, dict[str, Any]], dict[str, Any]] | None = None) -> S:
     """Make ``stage`` map itself over a ``Components`` subject, one component at a time.
 
     The subject is the stage's last positional argument; the positional data
@@ -31,6 +32,9 @@ def per_component(stage: S, /, *, name: str | None = None) -> S:
         stage: a function whose last positional argument is one record.
         name: the stage's name in the note (default: ``stage.__name__``), for a
             public stage that lifts a private helper.
+        options_for: ``(subject, component name, options) -> options``: the keyword options one
+            component gets, read from the whole ``Components`` (ExecuTorch's bounds for the
+            batch a beam search runs); every component gets the caller's by default.
 
     Returns:
         The stage, taking one record or ``Components`` of them (then returning ``Components``).
@@ -52,7 +56,9 @@ def per_component(stage: S, /, *, name: str | None = None) -> S:
         if not args or not isinstance(args[-1], Components):
             return reserved(*args, **options)  # also the stage's own TypeError for a missing subject, which curry reads
         *data, subject = args
-        items = {key: _named(key, label, lambda v: reserved(*data, v, **options), value) for key, value in subject.items()}
+        own = (lambda key: options_for(subject, key, dict(options))) if options_for else (lambda key: options)
+        items = {key: _named(key, label, lambda v, key=key: reserved(*data, v, **own(key)), value)
+                 for key, value in subject.items()}
         return attrs.evolve(subject, items=items)
 
     return lifted  # type: ignore[return-value]

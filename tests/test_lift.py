@@ -20,6 +20,16 @@ def test_per_component_maps_in_order_and_passes_options():
     assert isinstance(out, Components) and list(out.items()) == [("b", 10), ("a", 20)]
 
 
+def test_per_component_gives_each_component_the_options_read_from_the_whole():
+    # lower_to_pte's bounds for a beam search read the generation config; here, each component's share of the total
+    def shares(subject, key, options):
+        return {**options, "by": options["by"] * subject[key] / sum(subject.values())}
+
+    out = per_component(_double, options_for=shares)(Components(items={"a": 1, "b": 3}), by=8)
+    assert dict(out) == {"a": 2.0, "b": 18.0}
+    assert per_component(_double, options_for=shares)(3, by=2) == 6  # a single record: the options as given
+
+
 def test_per_component_leaves_a_single_record_alone():
     assert per_component(_double)(3) == 6
 

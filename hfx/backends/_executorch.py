@@ -24,6 +24,7 @@ ExecuTorch's bugs are worked around by the patches of ``_executorch_fixes``
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import re
@@ -49,7 +50,7 @@ from hfx._pytree import spec_caches
 from hfx._contract import FlatCall, call
 from hfx._errors import InputError, LoweringError
 from hfx._lift import per_component
-from hfx._records import Capture, DynamicShapes, Exported, IoSpec
+from hfx._records import Capture, Components, DynamicShapes, Exported, IoSpec
 from hfx.backends._common import (
     as_exported,
     captured_output,
@@ -64,6 +65,7 @@ from hfx.backends._common import (
 )
 from hfx.backends._executorch_dtypes import long_scatter_indices
 from hfx.backends._executorch_fixes import PTE_PATCHES
+from hfx.backends._executorch_generation_bounds import with_generation_max_sizes
 from hfx.backends._executorch_threads import loading_on_threads
 from hfx.backends._executorch_rewrites import XNNPACK_REWRITES, PteRewrite, as_edge_passes
 from hfx.backends._size_arithmetic import integer_powers_as_products, remainders_of_signed_sizes
@@ -245,8 +247,14 @@ class PteProgram:
             raise LoweringError(msg) from exc
 
 
+def _generation_options(components: Components, key: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options of ``lower_to_pte`` for one component: bounds that cover a beam search's batch and the
+    encoder's output length (``with_generation_max_sizes``)."""
+    return with_generation_max_sizes(components, key, options, batch=DEFAULT_MAX_SIZES["batch"])
+
+
 @curry
-@per_component
+@functools.partial(per_component, options_for=_generation_options)
 def lower_to_pte(
     exported: Exported | Capture,
     /,
@@ -264,7 +272,9 @@ def lower_to_pte(
     a finite one: ``max_sizes[name]``, else ``DEFAULT_MAX_SIZES[name]`` (batch 4; audio_length 160 000, or
     fewer samples where its frames would pass 512),
     else ``min(export bound, DEFAULT_MAX_SIZE)`` (512), never above the export's
-    own bound. The program records them in ``io.bounds``; a larger input raises
+    own bound. For ``Components``, the sizes the model fixes come first: a beam search's batch
+    (4 x the generation config's ``num_beams``) and a dim another component's output fixes
+    (Whisper's 1500 encoder tokens; ``generation_max_sizes``). The program records them in ``io.bounds``; a larger input raises
     ``InputError``. ExecuTorch's lowering runs under ``patches``, the
     workarounds of ExecuTorch's bugs (``hfx.backends.PTE_PATCHES``); the program
     records their names in ``patches``. ``rewrites`` then change the edge graph
