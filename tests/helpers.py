@@ -204,6 +204,30 @@ class PatchGrid(torch.nn.Module):
         return patches + table.flatten(2).permute(0, 2, 1)
 
 
+class EmptyValues(torch.nn.Module):
+    """A latent-attention cache layer's step (Mistral Large 4): ``values`` of width 0 grow along the past like
+    the keys; the step's empty values are computed (their size-0 dim is known when the runtime converts)."""
+
+    def forward(self, keys, values, new_keys):
+        new_values = new_keys[..., :0]
+        return {"keys": torch.cat([keys, new_keys], dim=-2), "values": torch.cat([values, new_values], dim=-2)}
+
+
+def empty_values_step(batch: int, past: int) -> dict[str, torch.Tensor]:
+    """``EmptyValues``' inputs: a past of ``past`` positions and one new one."""
+    return {"keys": torch.randn(batch, 1, past, 4), "values": torch.zeros(batch, 1, past, 0),
+            "new_keys": torch.randn(batch, 1, 1, 4)}
+
+
+def empty_values_export() -> Any:
+    """``EmptyValues`` exported at batch 2 and a past of 5, batch and past dynamic."""
+    import hfx
+
+    axes = {"keys": {0: "batch", 2: "past"}, "values": {0: "batch", 2: "past"}, "new_keys": {0: "batch"}}
+    shapes = hfx.DynamicShapes(axes=axes, bounds={"batch": (1, 8), "past": (1, 64)})
+    return hfx.export(hfx.capture(empty_values_step(2, 5), EmptyValues(), dynamic_shapes=shapes))
+
+
 def schema_1_meta(meta: dict) -> dict:
     """A ``GenerationMeta.to_json()`` as manifests of schema 1 held it: one flat dict, ``save(meta=...)``'s facts on top."""
     generation, roles, model = meta["generation"], meta["roles"], meta["model"]

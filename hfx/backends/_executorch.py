@@ -63,6 +63,7 @@ from hfx.backends._common import (
     root_cause,
     with_log,
 )
+from hfx.backends._empty_cats import empty_cats_as_zeros
 from hfx.backends._executorch_dtypes import long_scatter_indices
 from hfx.backends._executorch_fixes import PTE_PATCHES
 from hfx.backends._executorch_generation_bounds import with_generation_max_sizes
@@ -508,8 +509,9 @@ def _to_pte(
         todo = "Lower with other max_sizes; the error names the dim torch.export disagrees with."
         raise _lowering_error(exported, what, todo, log.getvalue()) from exc
     # ExecuTorch's prim mod takes C's remainder, it has no power of sizes, and its scatter_add takes int64 indices only
+    # and its empty-cat pruning writes symbolic sizes its emitter refuses (``empty_cats_as_zeros``)
     if (remainders_of_signed_sizes(program.graph) + integer_powers_as_products(program.graph)
-            + long_scatter_indices(program.graph)):
+            + long_scatter_indices(program.graph) + empty_cats_as_zeros(program.graph)):
         program.graph_module.recompile()
     try:
         counts: dict[str, int] = {}

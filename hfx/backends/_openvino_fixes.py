@@ -15,6 +15,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from hfx.backends._empty_cats import cat_dim, empty_cats_as_zeros, is_legacy_empty
 from hfx.backends._size_arithmetic import floor_divisions_of_signed_sizes, is_size, sym_node
 
 # OpenVINO's CPU plugin computes int sizes in float32, exact to 2**24: dividends are shifted below that.
@@ -63,78 +64,13 @@ def drop_empty_cat_operands(graph: Any, /) -> None:
 
     for node in [n for n in graph.nodes if n.target is torch.ops.aten.cat.default]:
         operands = list(node.args[0])
-        kept = [v for v in operands if not _is_legacy_empty(v)]
+        kept = [v for v in operands if not is_legacy_empty(v)]
         if not kept or len(kept) == len(operands):
             continue
         node.args = (kept, *node.args[1:])
         for value in operands:
             if value not in kept and not value.users:
                 graph.erase_node(value)
-
-
-def empty_cats_as_zeros(graph: Any, /) -> None:
-    """Make each ``aten.cat`` whose operands have a size-0 dim other than the cat's a ``zeros`` of its shape.
-
-    Model pattern: a cache layer that keeps an empty tensor beside the one it fills (Mistral Large 4's
-    and DeepSeek-V3-style latent-attention layers keep ``values`` of shape ``[batch, 1, past, 0]``)
-    and appends to it with ``torch.cat(..., dim=-2)``: the result holds no element but grows along
-    the cat's dim. OpenVINO 2026.4.1's ``RemoveConcatZeroDimInput`` drops every Concat operand with
-    a static size-0 dim whatever the axis; the step's empty values are computed (their 0 is known at
-    conversion, the past input's shape is set after it), so they vanished and the returned past was
-    one position short (generation: "axis 2 ... is 13 but 14"). A ``zeros`` of the cat's shape (sizes read from the
-    operands, the cat's dim their sum) is the same empty tensor. Delete when that pass only drops
-    operands empty along the concat axis.
-    """
-    import operator
-
-    import torch
-
-    aten = torch.ops.aten
-    for node in [n for n in graph.nodes if n.target is aten.cat.default]:
-        value = node.meta.get("val")
-        operands = [v for v in node.args[0] if not _is_legacy_empty(v)]
-        rank = len(getattr(value, "shape", ()))
-        if not rank or not operands:
-            continue
-        dim = _cat_dim(node) % rank
-        if not any(isinstance(size, int) and size == 0 for d, size in enumerate(value.shape) if d != dim):
-            continue
-        with graph.inserting_before(node):
-
-            def size_of(operand: Any, d: int) -> Any:
-                size = operand.meta["val"].shape[d]
-                if isinstance(size, int):
-                    return size
-                found = graph.call_function(aten.sym_size.int, (operand, d))
-                found.meta["val"] = size
-                return found
-
-            shape: list[Any] = []
-            for d in range(rank):
-                if d != dim:
-                    shape.append(size_of(operands[0], d))
-                    continue
-                total = size_of(operands[0], d)
-                for operand in operands[1:]:
-                    added = graph.call_function(operator.add, (total, size_of(operand, d)))
-                    added.meta["val"] = value.shape[d]
-                    total = added
-                shape.append(total)
-            zeros = graph.call_function(aten.zeros.default, (shape,), {"dtype": value.dtype, "device": value.device})
-        zeros.meta = dict(node.meta)
-        node.replace_all_uses_with(zeros)
-        graph.erase_node(node)
-
-
-def _cat_dim(node: Any) -> int:
-    """The dim an ``aten.cat`` node concatenates along, as written (it may be negative)."""
-    return node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-
-
-def _is_legacy_empty(value: Any) -> bool:
-    """Whether ``value`` is a node of shape ``[0]``, which ``torch.cat`` skips."""
-    shape = getattr(getattr(value, "meta", {}).get("val"), "shape", None)
-    return shape is not None and len(shape) == 1 and isinstance(shape[0], int) and shape[0] == 0
 
 
 def negate_by_multiplying(graph: Any, /) -> None:
@@ -460,11 +396,11 @@ def splits_of_a_cat_as_its_operands(graph: Any, /) -> None:
                 user.target is operator.getitem for user in node.users):
             continue
         operands = list(source.args[0])
-        cat_dim = _cat_dim(source)
+        joined = cat_dim(source)
         rank = len(source.meta["val"].shape) if "val" in source.meta else None
-        if rank is None or dim % rank != cat_dim % rank or len(operands) != len(sizes):
+        if rank is None or dim % rank != joined % rank or len(operands) != len(sizes):
             continue
-        if [_static_size(operand, cat_dim) for operand in operands] != sizes:
+        if [_static_size(operand, joined) for operand in operands] != sizes:
             continue
         for user in list(node.users):
             user.replace_all_uses_with(operands[user.args[1]])

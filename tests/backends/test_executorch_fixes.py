@@ -38,7 +38,7 @@ from hfx.backends._executorch_fixes import (  # noqa: E402
     patch_xnnpack_tanh_gelu,
     stable_dim_order,
 )
-from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE  # noqa: E402
+from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE, EmptyValues, empty_values_export, empty_values_step  # noqa: E402
 from tests.tolerances import FP32_ONE_BLOCK, FP32_SAME_KERNELS  # noqa: E402
 
 _FLASH_FOR_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -637,3 +637,24 @@ def test_without_the_prelu_patch_xnnpack_still_takes_a_prelu_it_cannot_lay_out()
     exported = _exported_tiny(_TokenPrelu().eval(), torch.randn(2, 7, 6), {0: "batch", 1: "sequence"})
     with pytest.raises(hfx.LoweringError, match="non-NHWC compatible"):
         lower_to_pte(exported, patches=_without(patch_xnnpack_prelu_4d))
+
+
+# --- empty_cats_as_zeros ------------------------------------------------------------------------------
+
+
+def test_an_empty_cat_lowers_and_keeps_growing():
+    # Mistral Large 4's latent-attention values, [batch, 1, past, 0], appended to along the past
+    program = lower_to_pte(empty_values_export())
+    step = empty_values_step(3, 13)
+    got = program(**step)
+    assert got["values"].shape == (3, 1, 14, 0) and torch.equal(got["keys"], EmptyValues()(**step)["keys"])
+
+
+def test_without_empty_cats_as_zeros_executorch_still_cannot_emit_an_empty_cat(monkeypatch):
+    """Canary: when this fails, ExecuTorch's PruneEmptyTensorsPass writes its sizes as nodes and the fix's use in
+    lower_to_pte can go."""
+    from hfx.backends import _executorch
+
+    monkeypatch.setattr(_executorch, "empty_cats_as_zeros", lambda graph: 0)
+    with pytest.raises(hfx.LoweringError, match="Unsupported type encountered in int list"):
+        lower_to_pte(empty_values_export())

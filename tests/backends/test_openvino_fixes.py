@@ -33,6 +33,7 @@ from hfx.backends._openvino_fixes import (  # noqa: E402
     splits_of_a_cat_as_its_operands,
     static_view_sizes,
 )
+from tests.helpers import EmptyValues, empty_values_export, empty_values_step  # noqa: E402
 
 
 def _without(fix) -> tuple:
@@ -432,26 +433,9 @@ def test_a_split_that_undoes_a_cat_reads_the_operands_and_keeps_the_values():
 # --- empty_cats_as_zeros -----------------------------------------------------------------------------
 
 
-class _EmptyValues(torch.nn.Module):
-    """A latent-attention cache layer's step (Mistral Large 4): ``values`` of width 0 grow along the past like
-    the keys; the step's empty values are computed (their size-0 dim is known when OpenVINO converts)."""
-
-    def forward(self, keys, values, new_keys):
-        new_values = new_keys[..., :0]
-        return {"keys": torch.cat([keys, new_keys], dim=-2), "values": torch.cat([values, new_values], dim=-2)}
-
-
 @pytest.fixture(scope="module")
 def empty_values():
-    inputs = {"keys": torch.randn(2, 1, 5, 4), "values": torch.zeros(2, 1, 5, 0), "new_keys": torch.randn(2, 1, 1, 4)}
-    axes = {"keys": {0: "batch", 2: "past"}, "values": {0: "batch", 2: "past"}, "new_keys": {0: "batch"}}
-    shapes = hfx.DynamicShapes(axes=axes, bounds={"batch": (1, 8), "past": (1, 64)})
-    return hfx.export(hfx.capture(inputs, _EmptyValues(), dynamic_shapes=shapes))
-
-
-def _step(batch: int, past: int) -> dict[str, torch.Tensor]:
-    return {"keys": torch.randn(batch, 1, past, 4), "values": torch.zeros(batch, 1, past, 0),
-            "new_keys": torch.randn(batch, 1, 1, 4)}
+    return empty_values_export()
 
 
 def test_an_empty_cat_becomes_zeros_of_its_shape_and_keeps_growing(empty_values):
@@ -459,12 +443,12 @@ def test_an_empty_cat_becomes_zeros_of_its_shape_and_keeps_growing(empty_values)
     empty_cats_as_zeros(module.graph)
     module.recompile()
     assert sum(n.target is torch.ops.aten.cat.default for n in module.graph.nodes) == 1  # the keys' cat stays
-    step = _step(3, 13)
+    step = empty_values_step(3, 13)
     got = lower_to_ov(empty_values)(**step)
-    assert got["values"].shape == (3, 1, 14, 0) and torch.equal(got["keys"], _EmptyValues()(**step)["keys"])
+    assert got["values"].shape == (3, 1, 14, 0) and torch.equal(got["keys"], EmptyValues()(**step)["keys"])
 
 
 def test_without_empty_cats_as_zeros_the_empty_values_lose_the_step(empty_values):
     """Canary: when this fails, OpenVINO keeps an operand empty only off the concat axis and the fix can go."""
-    got = lower_to_ov(empty_values, graph_fixes=_without(empty_cats_as_zeros))(**_step(3, 13))
+    got = lower_to_ov(empty_values, graph_fixes=_without(empty_cats_as_zeros))(**empty_values_step(3, 13))
     assert got["values"].shape == (3, 1, 13, 0)
