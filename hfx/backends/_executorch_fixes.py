@@ -347,6 +347,138 @@ def patch_xnnpack_max_dim() -> Iterator[None]:
         yield
 
 
+def _stuck_partitions(graph: torch.fx.Graph, owner: Mapping[torch.fx.Node, int],
+                      shared: Callable[[torch.fx.Node], bool]) -> set[int]:
+    """The partitions on or after a cycle of the graph with each partition fused into one node (Kahn's leftovers).
+
+    The edges out of a ``shared`` node (a constant, which ExecuTorch copies into each partition that uses it)
+    are left out.
+    """
+    vertex = lambda node: owner.get(node, node)  # noqa: E731
+    successors: dict[Any, set[Any]] = {}
+    indegree: dict[Any, int] = {}
+    for node in graph.nodes:
+        indegree.setdefault(vertex(node), 0)
+        if shared(node):
+            continue
+        for user in node.users:
+            edge = (vertex(node), vertex(user))
+            if edge[0] != edge[1] and edge[1] not in successors.setdefault(edge[0], set()):
+                successors[edge[0]].add(edge[1])
+                indegree[edge[1]] = indegree.get(edge[1], 0) + 1
+    ready = [v for v, count in indegree.items() if count == 0]
+    while ready:
+        for successor in successors.get(ready.pop(), ()):
+            indegree[successor] -= 1
+            if indegree[successor] == 0:
+                ready.append(successor)
+    return {v for v, count in indegree.items() if count and isinstance(v, int)}
+
+
+def _reached_again(members: set[torch.fx.Node], owner: Mapping[torch.fx.Node, int],
+                   partitions: Mapping[int, Any], shared: Callable[[torch.fx.Node], bool]) -> set[torch.fx.Node]:
+    """The nodes of ``members`` (a partition) that a path leaving it reaches, each other partition one fused node."""
+    seen: set[torch.fx.Node] = set()
+    fused: set[int] = set()
+    reached: set[torch.fx.Node] = set()
+    frontier = [user for node in members if not shared(node) for user in node.users if user not in members]
+    while frontier:
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in members:
+            reached.add(node)
+        elif node in owner:  # a fused partition's outputs all depend on each of its inputs
+            if owner[node] in fused:
+                continue
+            fused.add(owner[node])
+            frontier.extend(u for n in partitions[owner[node]].nodes if not shared(n) for u in n.users)
+            continue
+        frontier.extend(node.users)
+    return reached
+
+
+def acyclic_partitions(partitions: list[Any], graph: torch.fx.Graph,
+                       shared: Callable[[torch.fx.Node], bool] = lambda node: False) -> list[Any]:
+    """``partitions`` (``torch.fx`` ``Partition``s, each convex), split until fusing them leaves the graph acyclic.
+
+    A partition that a path through other partitions leads back into is split in two: the nodes such a path
+    reaches (and everything after them in it) and the rest. Both halves stay convex and the second no longer
+    feeds the first; this repeats until no partition is on a cycle. A ``shared`` node (a constant) goes with the
+    half that uses it. Acyclic partitions come back as they were.
+
+    Example: ``a -> c`` and ``b -> (refused) -> d``, partitioned ``{a, d}`` and ``{b, c}``, each feeding the other:
+        >>> from torch.fx.passes.infra.partitioner import Partition
+        >>> g = torch.fx.Graph()
+        >>> x = g.placeholder("x")
+        >>> a, b = (g.call_function(torch.relu, (x,), name=name) for name in "ab")
+        >>> c = g.call_function(torch.relu, (a,), name="c")
+        >>> d = g.call_function(torch.relu, (g.call_function(torch.neg, (b,)),), name="d")
+        >>> _ = g.output((c, d))
+        >>> split = acyclic_partitions([Partition(0, [a, d]), Partition(1, [b, c])], g)
+        >>> sorted(sorted(node.name for node in partition.nodes) for partition in split)
+        [['a'], ['b', 'c'], ['d']]
+    """
+    parts = {part.id: part for part in partitions}
+    next_id = max(parts, default=-1) + 1
+    while True:
+        owner = {node: pid for pid, part in parts.items() for node in part.nodes}
+        stuck = _stuck_partitions(graph, owner, shared)
+        for pid in sorted(stuck):
+            members = set(parts[pid].nodes)
+            reached = _reached_again(members, owner, parts, shared)
+            if reached:
+                break
+        else:
+            return list(parts.values())
+        order = {node: i for i, node in enumerate(graph.nodes)}
+        constants = {node for node in members if shared(node)
+                     and all(user in reached for user in node.users if user in members)}
+        kept = sorted(members - reached - constants, key=order.get)
+        moved = sorted(reached | constants, key=order.get)
+        parts[pid] = type(parts[pid])(id=pid, nodes=kept)
+        parts[next_id] = type(parts[pid])(id=next_id, nodes=moved)
+        next_id += 1
+
+
+def _generating_acyclic_partitions(original: Any) -> Any:
+    """Wrap ``ConfigerationBasedPartitioner.generate_partitions`` so that its partitions fuse without a cycle."""
+    from executorch.exir.backend.canonical_partitioners.config_partitioner import is_constant_data
+
+    @functools.wraps(original)
+    def generate_partitions(self, ep: Any) -> Any:  # noqa: ANN001
+        partitions = original(self, ep)
+        return acyclic_partitions(partitions, ep.graph_module.graph,
+                                  lambda node: node.op == "placeholder" and is_constant_data(ep, node))
+
+    generate_partitions.__wrapped__ = original
+    return generate_partitions
+
+
+@contextlib.contextmanager
+def patch_xnnpack_acyclic_partitions() -> Iterator[None]:
+    """Split an XNNPACK partition that other partitions lead back into, so that fusing the partitions leaves no cycle.
+
+    executorch 1.5.1's ``GroupBasedPartitioner`` (exir/backend/canonical_partitioners/group_partitioner.py)
+    merges partitions greedily, the latest first, as long as the merged nodes stay convex (no path leaves them and
+    comes back), but it does not check the partitions against each other: two convex partitions can each feed the
+    other through nodes XNNPACK refuses. Its order would rule that out for single nodes, but a linear's group holds
+    its weight, and the weight's other users then block the merges that order expects. PegasusX applies the same
+    projections, ``fc1``/``fc2`` and layer norms to its global tokens and its local blocks: the partition of layer
+    0's ``out_proj`` over the local tokens and its residual add also took ``out_proj`` over the global tokens, whose
+    attention another partition computed after the add's layer norm (a refused op), and fusing them failed: "Invalid
+    partition, found dependency cycles" (``fuse_as_graphmodule``; pytorch/executorch#18397, in 1.5.1, checks each
+    merge from both sides, not this). This splits such a partition in two (``acyclic_partitions``); partitions without
+    a cycle are kept as they are. Delete when the partitioner keeps its partitions acyclic.
+    """
+    from executorch.exir.backend.canonical_partitioners.config_partitioner import ConfigerationBasedPartitioner
+
+    original = vars(ConfigerationBasedPartitioner)["generate_partitions"]
+    with swap_attr(ConfigerationBasedPartitioner, "generate_partitions", _generating_acyclic_partitions(original)):
+        yield
+
+
 # --- torch's SDPA decomposition ------------------------------------------------------------------
 
 _FLASH_FOR_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -724,6 +856,7 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_xnnpack_tanh_gelu,
     patch_xnnpack_max_dim,
     patch_xnnpack_prelu_4d,
+    patch_xnnpack_acyclic_partitions,
     patch_sdpa_decomposition_layout,
     patch_exact_upper_bounds,
     patch_dim_order_of_data_dependent_strides,

@@ -21,6 +21,7 @@ from hfx.backends import _executorch_fixes as fixes  # noqa: E402
 from hfx.backends._decompositions import dense_scatter_reduce  # noqa: E402
 from hfx.backends._executorch import DEFAULT_MAX_SIZES, PteProgram, lower_to_pte  # noqa: E402
 from hfx.backends._executorch_fixes import (  # noqa: E402
+    acyclic_partitions,
     exact_upper_bound,
     flash_attention_for_cpu_like_query,
     laid_out_like,
@@ -32,6 +33,7 @@ from hfx.backends._executorch_fixes import (  # noqa: E402
     patch_edge_verifier_sym_functions,
     patch_exact_upper_bounds,
     patch_sdpa_decomposition_layout,
+    patch_xnnpack_acyclic_partitions,
     patch_xnnpack_conv1d_dynamic_dims,
     patch_xnnpack_max_dim,
     patch_xnnpack_prelu_4d,
@@ -658,3 +660,62 @@ def test_without_empty_cats_as_zeros_executorch_still_cannot_emit_an_empty_cat(m
     monkeypatch.setattr(_executorch, "empty_cats_as_zeros", lambda graph: 0)
     with pytest.raises(hfx.LoweringError, match="Unsupported type encountered in int list"):
         lower_to_pte(empty_values_export())
+# --- partitions that feed each other ---------------------------------------------------------------
+
+
+class _SharedProjection(torch.nn.Module):
+    """PegasusX in small: one projection over two streams, a layer norm (XNNPACK refuses it) between two uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.proj(values * 2), self.proj(torch.nn.functional.layer_norm(self.proj(values), (4,)))
+
+
+def test_a_projection_shared_across_a_refused_op_lowers_and_matches_eager():
+    torch.manual_seed(0)
+    module = _SharedProjection().eval()
+    program = _lowered_tiny(module, torch.randn(2, 4), {0: "batch"})
+    values = torch.randn(3, 4)
+    torch.testing.assert_close(program(values=values), module(values))
+
+
+def test_without_the_acyclic_patch_xnnpack_still_proposes_partitions_that_feed_each_other():
+    """Canary: when this fails, XNNPACK's partitioner keeps its partitions acyclic and the patch can go."""
+    exported = _exported_tiny(_SharedProjection().eval(), torch.randn(2, 4), {0: "batch"})
+    with pytest.raises(hfx.LoweringError, match="found dependency cycles"):
+        lower_to_pte(exported, patches=_without(patch_xnnpack_acyclic_partitions))
+
+
+def _two_streams() -> tuple[torch.fx.Graph, dict[str, torch.fx.Node]]:
+    """``a -> c`` and ``b -> neg -> d``, with ``d`` also adding the constant ``w``."""
+    graph = torch.fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    a, b = (graph.call_function(torch.relu, (x,), name=name) for name in "ab")
+    c = graph.call_function(torch.relu, (a,), name="c")
+    d = graph.call_function(torch.add, (graph.call_function(torch.neg, (b,)), w), name="d")
+    graph.output((c, d))
+    return graph, {"w": w, "a": a, "b": b, "c": c, "d": d}
+
+
+def _names(partitions) -> list[list[str]]:
+    return sorted(sorted(node.name for node in partition.nodes) for partition in partitions)
+
+
+def test_a_partition_fed_back_is_split_and_its_constant_goes_with_its_user():
+    from torch.fx.passes.infra.partitioner import Partition
+
+    graph, n = _two_streams()
+    feeding = [Partition(0, [n["w"], n["a"], n["d"]]), Partition(1, [n["b"], n["c"]])]
+    split = acyclic_partitions(feeding, graph, shared=lambda node: node is n["w"])
+    assert _names(split) == [["a"], ["b", "c"], ["d", "w"]]
+
+
+def test_acyclic_partitions_come_back_as_they_were():
+    from torch.fx.passes.infra.partitioner import Partition
+
+    graph, n = _two_streams()
+    partitions = [Partition(0, [n["a"], n["b"]]), Partition(1, [n["c"], n["d"], n["w"]])]
+    assert acyclic_partitions(partitions, graph) == partitions

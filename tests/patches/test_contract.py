@@ -135,6 +135,9 @@ def _xnnpack_slots() -> dict[Callable[..., Any], list[Slot]]:
             [(_owner(f"{configs}.node_configs", "MaxDimConfig"), "check_constraints")],
         _pte_fixes.patch_xnnpack_prelu_4d:
             [(_owner(f"{configs}.node_configs", "PreluConfig"), "check_constraints")],
+        _pte_fixes.patch_xnnpack_acyclic_partitions:
+            [(_owner("executorch.exir.backend.canonical_partitioners.config_partitioner",
+                     "ConfigerationBasedPartitioner"), "generate_partitions")],
     }
 
 
@@ -296,7 +299,7 @@ ROWS = (
     *(Row(patch=patch, needs="executorch", slots=lambda patch=patch: _xnnpack_slots()[patch])
       for patch in (_pte_fixes.patch_xnnpack_unsqueeze_dynamic_dims, _pte_fixes.patch_xnnpack_conv1d_dynamic_dims,
                     _pte_fixes.patch_xnnpack_tanh_gelu, _pte_fixes.patch_xnnpack_max_dim,
-                    _pte_fixes.patch_xnnpack_prelu_4d)),
+                    _pte_fixes.patch_xnnpack_prelu_4d, _pte_fixes.patch_xnnpack_acyclic_partitions)),
     Row(patch=_pte_fixes.patch_export_pass_skips_unchanged_retraces, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.pass_base", "ExportPass"), "call")]),
     Row(patch=_pte_fixes.patch_decompositions_in_one_retrace, needs="executorch",
