@@ -275,8 +275,8 @@ def lower_to_pte(
     else ``min(export bound, DEFAULT_MAX_SIZE)`` (512), never above the export's
     own bound. For ``Components``, the sizes the model fixes come first: a beam search's batch
     (4 x the generation config's ``num_beams``) and a dim another component's output fixes
-    (Whisper's 1500 encoder tokens; ``generation_max_sizes``). The program records them in ``io.bounds``; a larger input raises
-    ``InputError``. ExecuTorch's lowering runs under ``patches``, the
+    (Whisper's 1500 encoder tokens; ``generation_max_sizes``). The program records them in
+    ``io.bounds``; a larger input raises ``InputError``. ExecuTorch's lowering runs under ``patches``, the
     workarounds of ExecuTorch's bugs (``hfx.backends.PTE_PATCHES``); the program
     records their names in ``patches``. ``rewrites`` then change the edge graph
     so that XNNPACK takes more of it (``hfx.backends.XNNPACK_REWRITES``: exact

@@ -54,7 +54,8 @@ def generation_max_sizes(components: Components, batch: int) -> dict[str, dict[s
 def _fed_sizes(record: Exported, others: list[Any]) -> dict[str, int]:
     """The static size, in an output of one of ``others``, of each dim of ``record``'s inputs fed by that output."""
     produced = {spec.name: spec.shape for other in others if isinstance(other, Exported) for spec in other.io.outputs}
-    by_path = {name.split(".", 1)[-1]: shape for name, shape in produced.items()}  # "1.layers.0.keys" -> "layers.0.keys"
+    # an output's name without its position in the output tuple: "1.layers.0.keys" -> "layers.0.keys"
+    by_path = {name.split(".", 1)[-1]: shape for name, shape in produced.items()}
     sizes: dict[str, int] = {}
     for spec in record.io.inputs:
         marker = next((m for m in _FED if m in spec.name), None)
@@ -70,7 +71,9 @@ def _fed_sizes(record: Exported, others: list[Any]) -> dict[str, int]:
     return sizes
 
 
-def with_generation_max_sizes(components: Components, key: str, options: dict[str, Any], *, batch: int) -> dict[str, Any]:
+def with_generation_max_sizes(
+    components: Components, key: str, options: dict[str, Any], *, batch: int
+) -> dict[str, Any]:
     """``options`` of ``lower_to_pte`` for the component ``key``: ``max_sizes`` holds its
     ``generation_max_sizes`` (within the component's export bounds) under the caller's."""
     wanted = generation_max_sizes(components, batch).get(key, {})

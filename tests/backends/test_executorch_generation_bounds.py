@@ -16,7 +16,8 @@ from tests.helpers import one_layer  # noqa: E402
 
 
 def _beaming(components: hfx.Components, beams: int) -> hfx.Components:
-    generation = attrs.evolve(components.meta.generation, config={**components.meta.generation.config, "num_beams": beams})
+    config = {**components.meta.generation.config, "num_beams": beams}
+    generation = attrs.evolve(components.meta.generation, config=config)
     return attrs.evolve(components, meta=attrs.evolve(components.meta, generation=generation))
 
 
