@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import operator
 from collections.abc import Callable, Iterator, Mapping
@@ -626,8 +627,12 @@ def _evaluated(expr: sympy.Expr, values: Mapping[sympy.Symbol, Any], invalid: li
     raise _Unsupported(type(expr).__name__)
 
 
-def exact_upper_bound(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> int | None:
+def exact_upper_bound(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any],
+                      within: Mapping[sympy.Expr, int] | None = None) -> int | None:
     """The largest value ``expr`` takes at integer points of ``ranges`` where no divisor is 0, or ``None``.
+
+    ``within`` (``{expression: its upper bound}``) leaves out the points where an
+    expression over ``expr``'s symbols only is above its bound.
 
     ``None`` when a symbol has no finite range, the box has more than
     ``MAX_BOUND_POINTS`` points, or ``expr`` uses a function this evaluator does
@@ -656,6 +661,9 @@ def exact_upper_bound(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> i
     try:
         values = np.broadcast_to(_evaluated(expr, dict(zip(symbols, grid)), invalid), np.broadcast_shapes(
             *(g.shape for g in grid)))
+        for bounded, upper in (within or {}).items():
+            if bounded.free_symbols and bounded.free_symbols <= set(symbols):
+                invalid.append(np.greater(_evaluated(bounded, dict(zip(symbols, grid)), invalid), upper))
     except _Unsupported:
         return None
     valid = ~functools.reduce(np.logical_or, invalid, np.zeros(values.shape, dtype=bool))
@@ -706,6 +714,212 @@ def patch_exact_upper_bounds() -> Iterator[None]:
 
     tight = _tightened(vars(sym_util)["eval_upper_bound"])
     with swap_attr(sym_util, "eval_upper_bound", tight), swap_attr(sym_shape_eval_pass, "eval_upper_bound", tight):
+        yield
+
+
+# --- unbacked sizes --------------------------------------------------------------------------------
+
+# Rounds of bounding sides of the graph's equalities from bounds found in the round before (one per link of a chain:
+# the patches ``s`` bound ``t * h * w``, which bounds ``h * w``, which bounds ``(h // m) * (w // m) * m**2`` …).
+UNBACKED_BOUND_ROUNDS = 4
+# The most factors of one product whose sub-products get bounds (2**n - 1 of them).
+MAX_BOUNDED_FACTORS = 8
+
+
+def _upper(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> int | None:
+    """The finite upper bound interval arithmetic gives ``expr`` in ``ranges``, or ``None``."""
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    try:
+        upper = bound_sympy(expr, dict(ranges)).upper
+    except Exception:  # noqa: BLE001 - a function bound_sympy does not know: no bound
+        return None
+    return int(upper) if isinstance(upper, sympy.Integer) else None
+
+
+def _lower(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> int | None:
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    try:
+        lower = bound_sympy(expr, dict(ranges)).lower
+    except Exception:  # noqa: BLE001
+        return None
+    return int(lower) if isinstance(lower, sympy.Integer) else None
+
+
+def _never_negative(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> bool:
+    lower = _lower(expr, ranges)
+    return lower is not None and lower >= 0
+
+
+def _nonnegative_products(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> list[tuple[int, list[sympy.Expr]]]:
+    """``expr`` as a sum of a constant and products, each ``(positive coefficient, [factors never below 0])``
+    (``h**2`` is ``[h, h]``; the constant is ``(constant, [])``); empty when it is not one."""
+    products = []
+    for term in sympy.Add.make_args(expr):
+        if term.is_Integer:
+            products.append((int(term), []))
+            continue
+        coefficient, factors = 1, []
+        for factor in sympy.Mul.make_args(term):
+            base, power = factor.as_base_exp() if isinstance(factor, sympy.Pow) else (factor, sympy.Integer(1))
+            if factor.is_Integer:
+                coefficient *= int(factor)
+            elif power.is_Integer and int(power) > 0 and _never_negative(base, ranges):
+                factors += [base] * int(power)
+            else:
+                return []
+        if coefficient <= 0 or not factors:
+            return []
+        products.append((coefficient, factors))
+    return products
+
+
+def _proxied(expr: sympy.Expr, bounds: Mapping[sympy.Expr, int]) -> tuple[sympy.Expr, dict[sympy.Symbol, Any]]:
+    """``expr`` with each bounded sub-expression a symbol ranging up to its bound, and those symbols' ranges."""
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    proxies = {bounded: sympy.Symbol(f"hfx_bounded_{index}", integer=True, nonnegative=True)
+               for index, bounded in enumerate(bounds)}
+    return expr.xreplace(proxies), {proxy: ValueRanges(0, bounds[bounded]) for bounded, proxy in proxies.items()}
+
+
+class UnbackedBounds:
+    """Upper bounds of a shape environment's unbacked sizes, read from the runtime asserts its graph holds.
+
+    An equality ``Eq(s, t0*h0*w0 + t1*h1*w1)`` (the packed patches of every
+    image: ``s`` is a bounded input dim, ``t, h, w`` are read from ``grid_thw``'s
+    data) bounds each product of factors never below 0 by the bound of ``s``, and
+    each part of a product by that bound over the other factors' least values,
+    taken as at least 1 (``Ne(x, 0)`` asserts raise a factor's least value to 1);
+    a bounded side then bounds the other side of further equalities. A factor
+    that may be 0 (an image of ``t = 0`` frames) leaves its partners unbounded:
+    they are planned as if it were 1, as ExecuTorch plans an unbounded backed
+    size at its example value, and a larger size fails at run time with
+    "Attempted to resize a bounded tensor" instead of being written.
+    """
+
+    def __init__(self, shape_env: Any) -> None:
+        from torch.utils._sympy.value_ranges import ValueRanges
+
+        asserts = [ra.expr for ras in shape_env.deferred_runtime_asserts.values() for ra in ras]
+        self.ranges: dict[sympy.Symbol, Any] = dict(shape_env.var_to_range)
+        self.bounds: dict[sympy.Expr, int] = {}  # expression (not a symbol) -> upper bound
+        least: dict[sympy.Expr, int] = {}
+        for fact in asserts:
+            if isinstance(fact, sympy.Ne) and sympy.S.Zero in fact.args:  # a product that is not 0: no factor is
+                nonzero = fact.args[0] if fact.args[1] == 0 else fact.args[1]
+                products = _nonnegative_products(nonzero, self.ranges)
+                for factor in products[0][1] if len(products) == 1 else ():
+                    least[factor] = 1
+                    if factor.is_Symbol and factor in self.ranges:
+                        self.ranges[factor] = self.ranges[factor] & ValueRanges(1, self.ranges[factor].upper)
+        equalities = [fact.args for fact in asserts if isinstance(fact, sympy.Eq)]
+        for _ in range(UNBACKED_BOUND_ROUNDS):
+            changed = False
+            for pair in equalities:
+                for side, other in (pair, pair[::-1]):
+                    bound = self.upper(other)
+                    if bound is not None:
+                        changed |= self._bound(side, bound, least)
+            if not changed:
+                break
+
+    def _least(self, factor: sympy.Expr, least: Mapping[sympy.Expr, int]) -> int:
+        return max(1, least.get(factor, 0), _lower(factor, self.ranges) or 0)
+
+    def _bound(self, side: sympy.Expr, bound: int, least: Mapping[sympy.Expr, int]) -> bool:
+        """Bound ``side`` and the parts of its products by ``bound``; whether a bound got tighter."""
+        from torch.utils._sympy.value_ranges import ValueRanges
+
+        changed = self._tighten(side, bound) if not side.is_Symbol else False
+        products = _nonnegative_products(side, self.ranges)
+        constant = sum(coefficient for coefficient, factors in products if not factors)
+        if constant < 0:
+            return changed
+        bound -= constant
+        for coefficient, factors in products:
+            if not factors or len(factors) > MAX_BOUNDED_FACTORS:
+                continue
+            for size in range(1, len(factors) + 1):
+                for picked in {sympy.Mul(*c): c for c in itertools.combinations(factors, size)}.values():
+                    rest = list(factors)
+                    for factor in picked:
+                        rest.remove(factor)
+                    part = bound // (coefficient * math.prod(self._least(f, least) for f in rest))
+                    product = sympy.Mul(*picked)
+                    base, power = product.as_base_exp()
+                    if base.is_Symbol and base in self.ranges and power.is_Integer:
+                        upper = int(math.isqrt(part) if int(power) == 2 else math.floor(part ** (1 / int(power))))
+                        while (upper + 1) ** int(power) <= part:
+                            upper += 1
+                        current = self.ranges[base]
+                        if not (isinstance(current.upper, sympy.Integer) and int(current.upper) <= upper):
+                            self.ranges[base] = ValueRanges(current.lower, max(upper, int(current.lower)))
+                            changed = True
+                    elif not product.is_Symbol:
+                        changed |= self._tighten(product, part)
+        return changed
+
+    def _tighten(self, expr: sympy.Expr, bound: int) -> bool:
+        if self.bounds.get(expr, bound + 1) <= bound:
+            return False
+        self.bounds[expr] = bound
+        return True
+
+    def upper(self, expr: sympy.Expr) -> int | None:
+        """The least of the bounds interval arithmetic and the exact evaluation give ``expr``, or ``None``."""
+        proxied, proxy_ranges = _proxied(expr, self.bounds)
+        found = [_upper(proxied, {**self.ranges, **proxy_ranges}), exact_upper_bound(expr, self.ranges, self.bounds)]
+        found = [bound for bound in found if bound is not None]
+        return min(found) if found else None
+
+
+def _bounding_unbacked(original: Callable[[Any], int]) -> Callable[[Any], int]:
+    """Wrap ``eval_upper_bound`` so that an unbacked size without a finite bound gets one from ``UnbackedBounds``."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    found: dict[int, tuple[Any, UnbackedBounds]] = {}
+
+    @functools.wraps(original)
+    def eval_upper_bound(maybe_symint: Any) -> int:
+        if not isinstance(maybe_symint, torch.SymInt) or not free_unbacked_symbols(maybe_symint.node.expr):
+            return original(maybe_symint)
+        shape_env = maybe_symint.node.shape_env
+        if _upper(maybe_symint.node.expr, shape_env.var_to_range) is not None:
+            return original(maybe_symint)
+        if found.get(id(shape_env), (None,))[0] is not shape_env:
+            found[id(shape_env)] = (shape_env, UnbackedBounds(shape_env))
+        bound = found[id(shape_env)][1].upper(maybe_symint.node.expr)
+        return original(maybe_symint) if bound is None else bound
+
+    eval_upper_bound.__wrapped__ = original
+    return eval_upper_bound
+
+
+@contextlib.contextmanager
+def patch_unbacked_upper_bounds() -> Iterator[None]:
+    """Plan an unbacked size (read from a tensor's data) at the bound the graph's runtime asserts give it.
+
+    executorch 1.5.1's ``eval_upper_bound`` (exir/sym_util.py) bounds a size by
+    the ranges of its symbols alone, and an unbacked symbol has no hint to fall
+    back on: "Cannot evaluate a finite upper bound for symbolic expression u159
+    (int_oo) and no trace hint is available" in ``ConstraintBasedSymShapeEvalPass``
+    (``to_executorch``) for any tensor outside the XNNPACK delegate sized by one.
+    Model pattern: vision towers that read each image's ``t, h, w`` from
+    ``grid_thw``'s data (HunYuan-VL's position table resampled to ``h x w`` and
+    repeated ``t`` times; MiniMax-M3-VL's ``get_vision_position_ids`` aranges),
+    whose only bound is the graph's assert that the images' ``t * h * w`` sum to
+    the packed patches, a bounded input dim. ``UnbackedBounds`` reads bounds
+    from those asserts; a size it cannot bound keeps ExecuTorch's error. Delete
+    when ExecuTorch bounds unbacked sizes by the shape environment's runtime
+    asserts.
+    """
+    from executorch.exir import sym_util
+    from executorch.exir.passes import sym_shape_eval_pass
+
+    bounding = _bounding_unbacked(vars(sym_util)["eval_upper_bound"])
+    with swap_attr(sym_util, "eval_upper_bound", bounding), swap_attr(sym_shape_eval_pass, "eval_upper_bound", bounding):
         yield
 
 
@@ -859,6 +1073,7 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_xnnpack_acyclic_partitions,
     patch_sdpa_decomposition_layout,
     patch_exact_upper_bounds,
+    patch_unbacked_upper_bounds,
     patch_dim_order_of_data_dependent_strides,
     patch_view_copies_of_static_bases_kept,
     patch_symbolic_empties_as_zeros,

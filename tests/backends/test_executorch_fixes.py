@@ -32,6 +32,7 @@ from hfx.backends._executorch_fixes import (  # noqa: E402
     patch_symbolic_empties_as_zeros,
     patch_edge_verifier_sym_functions,
     patch_exact_upper_bounds,
+    patch_unbacked_upper_bounds,
     patch_sdpa_decomposition_layout,
     patch_xnnpack_acyclic_partitions,
     patch_xnnpack_conv1d_dynamic_dims,
@@ -39,6 +40,7 @@ from hfx.backends._executorch_fixes import (  # noqa: E402
     patch_xnnpack_prelu_4d,
     patch_xnnpack_tanh_gelu,
     stable_dim_order,
+    UnbackedBounds,
 )
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE, EmptyValues, empty_values_export, empty_values_step  # noqa: E402
 from tests.tolerances import FP32_ONE_BLOCK, FP32_SAME_KERNELS  # noqa: E402
@@ -77,6 +79,20 @@ class _StackedRows(torch.nn.Module):
     def forward(self, values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         rows = values[keep.bool()]
         return torch.stack([rows, rows * 2]).sum(1)
+
+
+class _GridPositions(torch.nn.Module):
+    """HunYuan-VL's position embeddings in small: a table resampled to each image's ``h x w`` and repeated ``t`` times,
+    ``t, h, w`` read from ``grid_thw``'s data (unbacked), added to the packed patches of every image."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(1, 4, 4, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        resized = [torch.nn.functional.interpolate(self.table, size=(h, w), mode="bilinear").permute(0, 2, 3, 1)
+                   .reshape(-1, 4).repeat(t, 1) for t, h, w in grid_thw.tolist()]
+        return pixel_values + torch.cat(resized)
 
 
 class _UnitMax(torch.nn.Module):
@@ -508,6 +524,51 @@ def test_without_the_exact_bounds_patch_correlated_sizes_are_still_planned_too_l
     exported = _exported_tiny(_Windowed(), torch.randn(2, 10), {0: "batch", 1: "length"})
     program = lower_to_pte(exported, patches=_without(patch_exact_upper_bounds))
     assert program.planned_bytes >= 2 * 1024 * 1024
+
+
+def _grid_positions_exported() -> hfx.Exported:
+    inputs = {"pixel_values": torch.randn(20, 4), "grid_thw": torch.tensor([[1, 4, 4], [1, 2, 2]])}
+    shapes = hfx.DynamicShapes(axes={"pixel_values": {0: "patches"}}, bounds={"patches": (1, 64)})
+    return hfx.export(hfx.capture(inputs, _GridPositions(), dynamic_shapes=shapes))
+
+
+def test_sizes_read_from_the_image_grids_are_planned_by_the_patches_they_sum_to():
+    program = lower_to_pte(_grid_positions_exported())
+    # each h x w <= 64 patches: 4 x 64 floats per resized table; each of h, w alone <= 64 would plan 4 x 64 x 64
+    assert program.planned_bytes < 256 * 1024
+    for grid in ([[2, 3, 3], [1, 2, 5]], [[1, 8, 7], [1, 1, 1]]):
+        grid_thw = torch.tensor(grid)
+        pixel_values = torch.randn(int(grid_thw.prod(-1).sum()), 4, generator=torch.Generator().manual_seed(1))
+        torch.testing.assert_close(program(pixel_values=pixel_values, grid_thw=grid_thw),
+                                   _GridPositions()(pixel_values, grid_thw), atol=FP32_ONE_BLOCK, rtol=0)
+
+
+def test_without_the_unbacked_bounds_patch_executorch_still_finds_no_bound_for_the_grid_sizes():
+    """Canary: when this fails, ExecuTorch bounds unbacked sizes by the runtime asserts and the patch can go."""
+    with pytest.raises(hfx.LoweringError, match="Cannot evaluate a finite upper bound"):
+        lower_to_pte(_grid_positions_exported(), patches=_without(patch_unbacked_upper_bounds))
+
+
+def test_unbacked_bounds_follow_the_asserts_products_and_least_values():
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    s, t, h, w = sympy.symbols("s99 u0 u1 u2", integer=True)
+    zero_or_more = ValueRanges(0, int_oo)
+
+    class Assert:
+        def __init__(self, expr):
+            self.expr = expr
+
+    class ShapeEnv:
+        var_to_range = {s: ValueRanges(1, 64), t: zero_or_more, h: zero_or_more, w: zero_or_more}
+        deferred_runtime_asserts = {t: [Assert(sympy.Eq(s, t * h * w + 3)), Assert(sympy.Ne(w, 0))]}
+
+    bounds = UnbackedBounds(ShapeEnv())
+    assert bounds.upper(t * h * w) == 61 and bounds.upper(h) == 61  # t, w taken as >= 1
+    assert bounds.upper(h * w) == 61 and bounds.upper(4 * sympy.Max(1, h) * sympy.Max(1, w)) == 4 * 61
+    assert bounds.upper(sympy.Symbol("u9", integer=True)) is None  # in no assert: ExecuTorch's own error stays
 
 
 def test_the_exact_upper_bound_skips_zero_divisors_and_gives_up_on_unknown_functions():

@@ -314,6 +314,9 @@ ROWS = (
     Row(patch=_pte_fixes.patch_exact_upper_bounds, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.sym_util"), "eval_upper_bound"),
                        (_owner("executorch.exir.passes.sym_shape_eval_pass"), "eval_upper_bound")]),
+    Row(patch=_pte_fixes.patch_unbacked_upper_bounds, needs="executorch",
+        slots=lambda: [(_owner("executorch.exir.sym_util"), "eval_upper_bound"),
+                       (_owner("executorch.exir.passes.sym_shape_eval_pass"), "eval_upper_bound")]),
     Row(patch=_pte_fixes.patch_dim_order_of_data_dependent_strides, needs="executorch",
         slots=lambda: [(_owner(name), "dim_order_from_stride") for name in _pte_fixes._DIM_ORDER_USERS]),  # noqa: SLF001
     Row(patch=_pte_fixes.patch_view_copies_of_static_bases_kept, needs="executorch",
