@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hfx.backends._size_arithmetic import sym_node
+
 
 def empty_cats_as_zeros(graph: Any, /) -> int:
     """Make each ``aten.cat`` whose operands have a size-0 dim other than the cat's a ``zeros`` of its shape;
@@ -59,9 +61,7 @@ def empty_cats_as_zeros(graph: Any, /) -> int:
                     continue
                 total = size_of(operands[0], d)
                 for operand in operands[1:]:
-                    added = graph.call_function(operator.add, (total, size_of(operand, d)))
-                    added.meta["val"] = value.shape[d]
-                    total = added
+                    total = sym_node(graph, operator.add, total, size_of(operand, d))
                 shape.append(total)
             zeros = graph.call_function(aten.zeros.default, (shape,), {"dtype": value.dtype, "device": value.device})
         zeros.meta = dict(node.meta)

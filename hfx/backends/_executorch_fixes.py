@@ -423,6 +423,7 @@ def acyclic_partitions(partitions: list[Any], graph: torch.fx.Graph,
     """
     parts = {part.id: part for part in partitions}
     next_id = max(parts, default=-1) + 1
+    order = {node: i for i, node in enumerate(graph.nodes)}  # splitting leaves the graph as it is
     while True:
         owner = {node: pid for pid, part in parts.items() for node in part.nodes}
         stuck = _stuck_partitions(graph, owner, shared)
@@ -433,7 +434,6 @@ def acyclic_partitions(partitions: list[Any], graph: torch.fx.Graph,
                 break
         else:
             return list(parts.values())
-        order = {node: i for i, node in enumerate(graph.nodes)}
         constants = {node for node in members if shared(node)
                      and all(user in reached for user in node.users if user in members)}
         kept = sorted(members - reached - constants, key=order.get)
@@ -726,25 +726,25 @@ UNBACKED_BOUND_ROUNDS = 4
 MAX_BOUNDED_FACTORS = 8
 
 
-def _upper(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> int | None:
-    """The finite upper bound interval arithmetic gives ``expr`` in ``ranges``, or ``None``."""
+def _interval_end(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any], end: str) -> int | None:
+    """The finite ``end`` (``"lower"`` or ``"upper"``) interval arithmetic gives ``expr`` in ``ranges``, or ``None``."""
     from torch.utils._sympy.value_ranges import bound_sympy
 
     try:
-        upper = bound_sympy(expr, dict(ranges)).upper
+        value = getattr(bound_sympy(expr, dict(ranges)), end)
     except Exception:  # noqa: BLE001 - a function bound_sympy does not know: no bound
         return None
-    return int(upper) if isinstance(upper, sympy.Integer) else None
+    return int(value) if isinstance(value, sympy.Integer) else None
+
+
+def _upper(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> int | None:
+    """The finite upper bound interval arithmetic gives ``expr`` in ``ranges``, or ``None``."""
+    return _interval_end(expr, ranges, "upper")
 
 
 def _lower(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> int | None:
-    from torch.utils._sympy.value_ranges import bound_sympy
-
-    try:
-        lower = bound_sympy(expr, dict(ranges)).lower
-    except Exception:  # noqa: BLE001
-        return None
-    return int(lower) if isinstance(lower, sympy.Integer) else None
+    """The finite lower bound interval arithmetic gives ``expr`` in ``ranges``, or ``None``."""
+    return _interval_end(expr, ranges, "lower")
 
 
 def _never_negative(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> bool:
@@ -879,19 +879,22 @@ def _bounding_unbacked(original: Callable[[Any], int]) -> Callable[[Any], int]:
     """Wrap ``eval_upper_bound`` so that an unbacked size without a finite bound gets one from ``UnbackedBounds``."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    found: dict[int, tuple[Any, UnbackedBounds]] = {}
+    # per shape environment: its bounds, and the bound found for each size (ExecuTorch asks for one many times)
+    found: dict[int, tuple[Any, UnbackedBounds, dict[sympy.Expr, int | None]]] = {}
 
     @functools.wraps(original)
     def eval_upper_bound(maybe_symint: Any) -> int:
         if not isinstance(maybe_symint, torch.SymInt) or not free_unbacked_symbols(maybe_symint.node.expr):
             return original(maybe_symint)
-        shape_env = maybe_symint.node.shape_env
-        if _upper(maybe_symint.node.expr, shape_env.var_to_range) is not None:
+        shape_env, expr = maybe_symint.node.shape_env, maybe_symint.node.expr
+        if _upper(expr, shape_env.var_to_range) is not None:
             return original(maybe_symint)
         if found.get(id(shape_env), (None,))[0] is not shape_env:
-            found[id(shape_env)] = (shape_env, UnbackedBounds(shape_env))
-        bound = found[id(shape_env)][1].upper(maybe_symint.node.expr)
-        return original(maybe_symint) if bound is None else bound
+            found[id(shape_env)] = (shape_env, UnbackedBounds(shape_env), {})
+        _, bounds, known = found[id(shape_env)]
+        if expr not in known:
+            known[expr] = bounds.upper(expr)
+        return original(maybe_symint) if known[expr] is None else known[expr]
 
     eval_upper_bound.__wrapped__ = original
     return eval_upper_bound
