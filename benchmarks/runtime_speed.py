@@ -458,9 +458,12 @@ _LIBRARY = {"pt2": (), "aoti": (), "onnx": ("onnxruntime",), "pte": ("executorch
 # "-llm" is ExecuTorch's LLM-runner program: the KV cache in the program's buffers, its custom SDPA and
 # cache-update kernels (decompose's custom_ops default), batch 1; the cache holds the prompt and the new tokens.
 ONE_GRAPH: Mapping[str, Any] = {"multi_token_decode": True}
+CPP_GEMM: Mapping[str, Any] = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
 FP32_VARIANTS: Mapping[str, tuple[tuple[str, Mapping[str, Any], Mapping[str, Any]], ...]] = {
     "pt2": (("", {}, {}), ("-1graph", {}, ONE_GRAPH)),
-    "aoti": (("", {}, {}),),  # the pt2 program compiled by AOTInductor (lower_to_aoti)
+    # the pt2 program compiled by AOTInductor (lower_to_aoti); "-cpp-gemm": every matmul through Inductor's C++ GEMM
+    # template (its own kernels on weights it packs at compile time) instead of ATen's BLAS call
+    "aoti": (("", {}, {}), ("-cpp-gemm", {"inductor_configs": CPP_GEMM}, {})),
     "onnx": (("", {}, {}), ("-1graph", {}, ONE_GRAPH)),
     "pte": (("", {}, {}), ("-1graph", {}, ONE_GRAPH), ("-llm", {}, {"internal_cache_length": 256})),
     "ov": (("", {}, {}), ("-1graph", {}, ONE_GRAPH), ("-stateful", {"stateful": True}, ONE_GRAPH)),

@@ -45,6 +45,7 @@ from hfx._lift import per_component
 from hfx._pytree import spec_caches
 from hfx._records import Capture, Exported, IoSpec, readonly
 from hfx._serial import one_at_a_time
+from hfx.backends._aoti_constants import library_constants, opaque_constants, recording_library_constants
 from hfx.backends._common import (
     as_exported,
     captured_output,
@@ -82,9 +83,10 @@ class AotiProgram:
     wrote: bytes, or (in the programs hfx makes) a read-only map of an unlinked
     temporary file, so the program outlives the files it was loaded from.
     ``constants`` are the weights by name, which the runner uses as they are
-    (user-managed, not copied): the exported program's tensors, or tensors mapped
-    from the saved ``.safetensors`` file; empty for a package that holds its own
-    weights in its library. Making the record loads the package
+    (user-managed, not copied): the exported program's tensors and any the compile
+    made (``max_autotune``'s packed weights, ``hfx.backends._aoti_constants``), or
+    tensors mapped from the saved ``.safetensors`` file; empty for a package that
+    holds its own weights in its library. Making the record loads the package
     (``torch._inductor.aoti_load_package``'s loader), which runs its native code:
     make one only from a package you trust.
     ``inductor_configs`` are the Inductor settings it was compiled with.
@@ -237,10 +239,19 @@ def lower_to_aoti(
     threads = default_threads() if threads is None else check_threads("lower_to_aoti", threads)
     configs = check_inductor_configs(inductor_configs)
     exported = for_runtime(as_exported(exported, stage="lower_to_aoti"))
-    package = _compiled(exported, threads=threads, configs=configs)
+    package, made = _compiled(exported, threads=threads, configs=configs)
+    own = program_constants(exported)
+    made = library_constants(made, own)
+    opaque = opaque_constants(made)
+    if opaque:
+        what = (f"the compile made constants in oneDNN's opaque layout ({', '.join(opaque[:3])}; `freezing` packs "
+                f"fp32 linears that way), which hfx cannot hold beside a package whose weights it keeps.")
+        todo = ("Leave `freezing` out of inductor_configs; `max_autotune`'s C++ GEMM template packs weights into "
+                "tensors hfx keeps.")
+        raise _lowering_error(exported, what, todo)
     try:
         return AotiProgram(package=package, io=exported.io, name=exported.name, inductor_configs=configs,
-                           constants=program_constants(exported))
+                           constants=own | made)
     except Exception as exc:
         what = f"the compiled package did not load: {root_cause(exc)}."
         todo = "Lower again (a package loads on the machine that built it) and report it to hfx if it persists."
@@ -267,8 +278,9 @@ def check_inductor_configs(configs: Any) -> dict[str, Any]:
 
 
 @one_at_a_time
-def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any]) -> mmap.mmap:
-    """The package AOTInductor makes of ``exported``'s program, compiled for ``threads`` threads."""
+def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any]) -> tuple[mmap.mmap, dict[str, Any]]:
+    """The package AOTInductor makes of ``exported``'s program, compiled for ``threads`` threads, and the constants
+    its library wants by name (``hfx.backends._aoti_constants``: the program's own and any the compile made)."""
     import torch
 
     program = copy.copy(exported.program)  # the example inputs go on a copy; the graph is unlifted, not changed
@@ -281,9 +293,10 @@ def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any]) -
         program._example_inputs = ((), example_kwargs(exported, exported.io.bounds))  # noqa: SLF001
         torch._inductor.aoti_compile_and_package(program, package_path=file, inductor_configs=settings)  # noqa: SLF001
 
+    record: dict[str, Any] = {}
     try:
-        with spec_caches(exported.io), captured_output(log, _QUIET_LOGGERS):
-            return _mapped(compile_into)
+        with spec_caches(exported.io), captured_output(log, _QUIET_LOGGERS), recording_library_constants(record):
+            return _mapped(compile_into), record
     except Exception as exc:
         what = f"AOTInductor failed: {root_cause(exc)}."
         todo = ("It needs a C++ compiler (g++ or clang++ on PATH, or CXX) and the Python headers; if an operator "
