@@ -243,6 +243,76 @@ def patch_xnnpack_unsqueeze_dynamic_dims() -> Iterator[None]:
         yield
 
 
+def _one_valued(size: Any) -> Any:
+    """``size`` as an int when its shape environment bounds its expression to one value, else ``size``."""
+    if not isinstance(size, torch.SymInt) or size.node.is_constant():
+        return size
+    node = size.node
+    interval = node.shape_env.bound_sympy(node.expr)
+    return int(interval.lower) if interval.is_singleton() and interval.lower.is_integer else size
+
+
+def with_one_valued_sizes(val: Any) -> Any:
+    """A fake tensor like ``val`` (contiguous) whose sizes that can take one value only are ints; ``val`` itself
+    when there are none (see ``patch_xnnpack_reshape_one_valued_sizes``)."""
+    shape = list(val.shape)
+    sizes = [_one_valued(size) for size in shape]
+    if all(new is old for new, old in zip(sizes, shape, strict=True)):
+        return val
+    with val.fake_mode:
+        return torch.empty(sizes, dtype=val.dtype, device=val.device)
+
+
+@contextlib.contextmanager
+def patch_xnnpack_reshape_one_valued_sizes() -> Iterator[None]:
+    """XNNPACK's (un)squeeze serialiser counts as static a size whose bounds leave it one value.
+
+    XNNPACK serialises an ``unsqueeze_copy`` or ``squeeze_copy`` as a static
+    reshape with one dynamic dim at most (``operators/op_squeeze.py``, executorch
+    1.5.1: "XNNPACK reshape only supports 1 dynamic dimension"), and the
+    partitioner's check (``patch_xnnpack_unsqueeze_dynamic_dims``) counts the dims
+    it sees. XNNPACK's preprocessing then retraces the partition
+    (``FuseBatchNormPass``), and the sizes a convolution's meta function computes
+    come back as expressions the export had reduced to a number. Model pattern:
+    CvT's key and value projections (a stride-2 convolution and a batch norm over
+    the token grid, then a class token) give ``((h - 3) // 32) + 2`` tokens, which
+    is 2 for every height the bounds allow (19-34 px) and was 2 at partition
+    time, so an unsqueeze of ``[batch, heads, tokens, head_dim]`` had two
+    "dynamic" dims at serialisation. The patch hands the serialiser the node's
+    value with each size that its bounds leave one value as that number (hfx
+    checks the bounds before every call). Delete when XNNPACK's passes keep the
+    sizes they were given.
+    """
+    import importlib
+
+    importlib.import_module("executorch.backends.xnnpack.operators")  # importing it registers the visitors
+    from executorch.backends.xnnpack.operators.node_visitor import _node_visitor_dict
+
+    visitors = [visitor for target, visitor in _node_visitor_dict.items()
+                if target in ("aten.unsqueeze_copy.default", "aten.squeeze_copy.dim", "aten.squeeze_copy.dims")]
+
+    def serialising_one_valued(define_node: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(define_node)
+        def wrapped(self: Any, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
+            val = node.meta.get("val")
+            narrowed = with_one_valued_sizes(val) if isinstance(val, torch.Tensor) else val
+            if narrowed is val:
+                return define_node(self, node, *args, **kwargs)
+            node.meta["val"] = narrowed
+            try:
+                return define_node(self, node, *args, **kwargs)
+            finally:
+                node.meta["val"] = val
+
+        wrapped.__wrapped__ = define_node
+        return wrapped
+
+    with contextlib.ExitStack() as stack:
+        for visitor in visitors:
+            stack.enter_context(swap_attr(visitor, "define_node", serialising_one_valued(vars(visitor)["define_node"])))
+        yield
+
+
 @contextlib.contextmanager
 def patch_xnnpack_conv1d_dynamic_dims() -> Iterator[None]:
     """Keep a 1-D convolution with more than one dynamic dim out of XNNPACK (ExecuTorch's portable kernel runs it).
@@ -1069,6 +1139,7 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_edge_validator_list_returns,
     patch_edge_decomposition_table,
     patch_xnnpack_unsqueeze_dynamic_dims,
+    patch_xnnpack_reshape_one_valued_sizes,
     patch_xnnpack_conv1d_dynamic_dims,
     patch_xnnpack_tanh_gelu,
     patch_xnnpack_max_dim,

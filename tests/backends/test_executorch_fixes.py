@@ -780,3 +780,31 @@ def test_acyclic_partitions_come_back_as_they_were():
     graph, n = _two_streams()
     partitions = [Partition(0, [n["a"], n["b"]]), Partition(1, [n["c"], n["d"], n["w"]])]
     assert acyclic_partitions(partitions, graph) == partitions
+
+
+# --- patch_xnnpack_reshape_one_valued_sizes -------------------------------------------------------------------
+
+
+def _keys_and_grid() -> tuple[torch.Tensor, torch.Tensor]:
+    """Fake ``[batch, tokens, 32]`` tensors over images of 19-34 px: CvT's key tokens ``((h - 3) // 32) + 2`` (2 for
+    every such height) and a grid ``((h - 3) // 8) + 1`` (3 or 4)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    images = mode.from_tensor(torch.empty(2, 3, 32), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC, DimDynamic.DYNAMIC]))
+    batch, _, height = images.shape
+    torch._check(height >= 19)
+    torch._check(height <= 34)
+    with mode:
+        return torch.empty(batch, (height - 3) // 32 + 2, 32), torch.empty(batch, (height - 3) // 8 + 1, 32)
+
+
+def test_a_size_its_bounds_leave_one_value_is_that_number_and_others_stay_symbolic():
+    keys, grid = _keys_and_grid()
+    assert isinstance(keys.shape[1], torch.SymInt)  # what XNNPACK's serialiser counts as a second dynamic dim
+    narrowed = fixes.with_one_valued_sizes(keys)
+    assert narrowed.shape[1:] == (2, 32) and isinstance(narrowed.shape[0], torch.SymInt)
+    assert narrowed.dtype == keys.dtype and narrowed.fake_mode is keys.fake_mode
+    assert fixes.with_one_valued_sizes(grid) is grid  # no size to narrow: the value itself

@@ -138,7 +138,16 @@ def _xnnpack_slots() -> dict[Callable[..., Any], list[Slot]]:
         _pte_fixes.patch_xnnpack_acyclic_partitions:
             [(_owner("executorch.exir.backend.canonical_partitioners.config_partitioner",
                      "ConfigerationBasedPartitioner"), "generate_partitions")],
+        _pte_fixes.patch_xnnpack_reshape_one_valued_sizes:
+            [(_xnnpack_visitor(target), "define_node")
+             for target in ("aten.squeeze_copy.dim", "aten.unsqueeze_copy.default")],
     }
+
+
+def _xnnpack_visitor(target: str) -> type:
+    """XNNPACK's serialiser class for ``target`` (its module's name is None: the decorator registers and drops it)."""
+    _owner("executorch.backends.xnnpack.operators")  # importing it registers every visitor
+    return _owner("executorch.backends.xnnpack.operators.node_visitor", "_node_visitor_dict")[target]
 
 
 def _local_class() -> type:
@@ -299,7 +308,8 @@ ROWS = (
     *(Row(patch=patch, needs="executorch", slots=lambda patch=patch: _xnnpack_slots()[patch])
       for patch in (_pte_fixes.patch_xnnpack_unsqueeze_dynamic_dims, _pte_fixes.patch_xnnpack_conv1d_dynamic_dims,
                     _pte_fixes.patch_xnnpack_tanh_gelu, _pte_fixes.patch_xnnpack_max_dim,
-                    _pte_fixes.patch_xnnpack_prelu_4d, _pte_fixes.patch_xnnpack_acyclic_partitions)),
+                    _pte_fixes.patch_xnnpack_prelu_4d, _pte_fixes.patch_xnnpack_acyclic_partitions,
+                    _pte_fixes.patch_xnnpack_reshape_one_valued_sizes)),
     Row(patch=_pte_fixes.patch_export_pass_skips_unchanged_retraces, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.pass_base", "ExportPass"), "call")]),
     Row(patch=_pte_fixes.patch_decompositions_in_one_retrace, needs="executorch",
