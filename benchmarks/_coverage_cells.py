@@ -94,8 +94,9 @@ def hfx_forward(arch: str, runtime: str) -> dict[str, Any]:
 
 
 def at_another_image_size(inputs: dict[str, Any]) -> dict[str, Any] | None:
-    """``inputs`` with their images (``pixel_values``, batch x channels x H x W) at 1.5 H x 1.25 W, and every
-    other tensor that ends in H x W (a ``pixel_mask``) resized alike; ``None`` without images.
+    """``inputs`` with their images (``pixel_values``, batch x channels x H x W, or a video's batch x frames x
+    channels x H x W) at 1.5 H x 1.25 W, and every other tensor that ends in H x W (a ``pixel_mask``) resized
+    alike; ``None`` without images.
 
     Example:
         >>> resized = at_another_image_size({"pixel_values": torch.ones(2, 3, 32, 32), "pixel_mask": torch.ones(2, 32, 32)})
@@ -103,7 +104,7 @@ def at_another_image_size(inputs: dict[str, Any]) -> dict[str, Any] | None:
         {'pixel_values': (2, 3, 48, 40), 'pixel_mask': (2, 48, 40)}
     """
     pixels = inputs.get("pixel_values")
-    if not isinstance(pixels, torch.Tensor) or pixels.ndim != 4 or not pixels.is_floating_point():
+    if not isinstance(pixels, torch.Tensor) or pixels.ndim not in (4, 5) or not pixels.is_floating_point():
         return None
     height, width = pixels.shape[-2:]
     size = (height + height // 2, width + width // 4)

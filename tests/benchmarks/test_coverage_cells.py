@@ -38,6 +38,8 @@ def test_images_and_their_masks_are_resized_together_and_other_inputs_are_not():
         "pixel_values": (2, 3, 48, 40), "pixel_mask": (2, 48, 40), "labels": (2, 32)}
     assert resized["pixel_mask"].dtype == torch.long and bool((resized["pixel_mask"] == 1).all())
     assert cells.at_another_image_size({"input_ids": torch.ones(2, 7, dtype=torch.long)}) is None
+    video = cells.at_another_image_size({"pixel_values": torch.ones(2, 8, 3, 32, 32)})  # batch x frames x C x H x W
+    assert tuple(video["pixel_values"].shape) == (2, 8, 3, 48, 40)
 
 
 def test_a_program_that_takes_the_size_must_match_eager_and_one_that_refuses_it_passes():
