@@ -291,13 +291,31 @@ def asserted_ranges(program: torch.export.ExportedProgram, kwargs: Mapping[str, 
 
 
 def _on_dims(condition: Any, dims: Mapping[Any, str]) -> bool:
-    """Whether ``condition`` is a branch on input dims: on one alone, or on several but neither an equation between
-    them nor a condition on one span's dims (``total <= past + sequence``: relations hfx checks itself)."""
+    """Whether ``condition`` is a branch on input dims: on one alone, on several equated with a number
+    (``_equates_a_number``), or on several but neither an equation between them nor a condition on one span's
+    dims (``total <= past + sequence``: relations hfx checks itself)."""
     symbols = getattr(condition, "free_symbols", set())
     if not symbols or not symbols <= dims.keys():
         return False
     names = {dims[symbol] for symbol in symbols}
-    return len(symbols) == 1 or not (isinstance(condition, sympy.Eq) or any(names <= set(span) for span in _SPANS))
+    return (len(symbols) == 1 or _equates_a_number(condition)
+            or not (isinstance(condition, sympy.Eq) or any(names <= set(span) for span in _SPANS)))
+
+
+def _equates_a_number(condition: Any) -> bool:
+    """Whether ``condition`` equates an expression of sizes with a number: a branch taken where the expression
+    has the value it had in the capture, not a relation between dims.
+
+    Model pattern: TimeSformer resizes its position table when the patch count differs from the table's
+    (``embeddings.size(1) != self.position_embeddings.size(1)``); traced where they match, the graph adds the
+    table as it is, and the guard is ``Eq((h // 8) * (w // 8) + 1, 17)``. The program served 32 x 32 px alone
+    and failed inside the graph at 64 x 64 ("The size of tensor a (65) must match the size of tensor b (17)").
+
+    >>> h, w = sympy.symbols("h w", integer=True, positive=True)
+    >>> _equates_a_number(sympy.Eq((h // 8) * (w // 8) + 1, 17)), _equates_a_number(sympy.Eq(h, w + 1))
+    (True, False)
+    """
+    return isinstance(condition, sympy.Eq) and any(side.is_number for side in condition.args)
 
 
 def _within(program: torch.export.ExportedProgram, symbol: Any, bounds: tuple[int, int | None]) -> tuple[int, int | None]:

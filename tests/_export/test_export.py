@@ -398,3 +398,34 @@ def test_a_branch_on_two_dims_narrows_both_to_a_box_where_it_holds():
         assert report.passed and report.max_abs == 0, str(report)
     with pytest.raises(hfx.InputError):  # the eager model takes amax here, the program would have taken the mean
         exported(pixel_values=torch.randn(2, 3, 16, 16))
+
+
+class _PositionTable(torch.nn.Module):
+    """TimeSformer's position table, resized to the patch grid unless the patch count (and class token) is its
+    length: traced at 32 px (4 x 4 patches of 8), the graph adds the table as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(1, 17, 3, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, pixel_values):
+        tokens = torch.nn.functional.avg_pool2d(pixel_values, 8)
+        rows, columns = tokens.shape[-2:]
+        tokens = torch.cat([tokens.new_zeros(tokens.shape[0], 1, 3), tokens.flatten(2).transpose(1, 2)], 1)
+        if tokens.size(1) != self.table.size(1):
+            grid = self.table[:, 1:].transpose(1, 2).reshape(1, 3, 4, 4)
+            grid = torch.nn.functional.interpolate(grid, size=(rows, columns), mode="nearest")
+            return tokens + torch.cat([self.table[:, :1], grid.flatten(2).transpose(1, 2)], 1)
+        return tokens + self.table
+
+
+def test_a_branch_equating_several_dims_with_a_number_narrows_them_where_it_holds():
+    model = _PositionTable()
+    exported = hfx.export(hfx.capture({"pixel_values": torch.randn(2, 3, 32, 32)}, model))
+    # (h // 8) * (w // 8) == 16 with each side at its traced 4 patches: 32 to 39 px
+    assert exported.io.bounds["height"] == exported.io.bounds["width"] == (32, 39)
+    for height, width in ((32, 32), (39, 35)):
+        report = hfx.verify(model, {"pixel_values": torch.randn(3, 3, height, width)}, exported)
+        assert report.passed and report.max_abs == 0, str(report)
+    with pytest.raises(hfx.InputError):  # eager interpolates the table here; the graph would add it as it is
+        exported(pixel_values=torch.randn(2, 3, 64, 64))
