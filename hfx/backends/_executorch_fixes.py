@@ -1089,48 +1089,6 @@ def patch_view_copies_of_static_bases_kept() -> Iterator[None]:
         yield
 
 
-def _view_bound_exceeds_its_base(node: torch.fx.Node) -> bool:
-    """Whether ``node``'s shape planned at each dim's upper bound holds more elements than its base planned so."""
-    from executorch.exir import sym_util
-
-    base = node.args[0] if node.args else None
-    value, base_value = node.meta.get("val"), getattr(base, "meta", {}).get("val")
-    if not isinstance(value, torch.Tensor) or not isinstance(base_value, torch.Tensor):
-        return False
-    try:
-        view = math.prod(sym_util.eval_upper_bound(size) for size in value.shape)
-        whole = math.prod(sym_util.eval_upper_bound(size) for size in base_value.shape)
-    except Exception:  # noqa: BLE001 - a size ExecuTorch cannot bound: its own pass decides, as without the patch
-        return False
-    return isinstance(view, int) and isinstance(whole, int) and view > whole
-
-
-@contextlib.contextmanager
-def patch_view_copies_larger_than_their_base_kept() -> Iterator[None]:
-    """Keep a ``view_copy`` a copy where its shape, planned dim by dim at the upper bounds, outgrows its base's.
-
-    executorch 1.5.1's ``ReplaceViewCopyWithViewPass`` (in ``to_executorch``) makes a
-    ``view_copy`` a view into its base's memory, and the runtime checks, when it loads the
-    method, that the view's serialised sizes (each dim at its upper bound) fit in the memory
-    planned for the base (``hierarchical_allocator.h``: "offset_bytes + size_bytes >= allocator
-    size", then MemoryAllocationFailed, 0x21). The bound of a product of sizes can be below the
-    product of their bounds: TimeSformer views ``[batch, 128, 32]`` (frames times patches, at
-    most 128 for images of 64 px) as ``[batch, 16, 4, 3, 32]``, whose dims at their bounds hold
-    192 tokens, so the program built but did not load (only images of 40 px and under did).
-    Such a node stays a ``view_copy`` with memory of its own: the same values, one copy. Delete
-    when the pass checks the bounds it shares.
-    """
-    from executorch.exir.passes import replace_view_copy_with_view_pass as views
-
-    original = vars(views)["_is_view_copy"]
-
-    def is_view_copy(node: torch.fx.Node) -> bool:
-        return original(node) and not _view_bound_exceeds_its_base(node)
-
-    with swap_attr(views, "_is_view_copy", is_view_copy):
-        yield
-
-
 # --- empty tensors of a dynamic size ----------------------------------------------------------------
 
 
@@ -1192,7 +1150,6 @@ PTE_PATCHES: tuple[Patch, ...] = (
     patch_unbacked_upper_bounds,
     patch_dim_order_of_data_dependent_strides,
     patch_view_copies_of_static_bases_kept,
-    patch_view_copies_larger_than_their_base_kept,
     patch_symbolic_empties_as_zeros,
     patch_export_pass_skips_unchanged_retraces,
     patch_bilinear_patterns_not_built_when_kept_whole,

@@ -7,7 +7,6 @@ patch (``lower_to_pte(patches=...)``) and fail when ExecuTorch has fixed the bug
 
 from __future__ import annotations
 
-from typing import Any
 
 import pytest
 import torch
@@ -637,12 +636,8 @@ def test_a_symbolic_view_of_a_static_parameter_lowers_and_matches_eager():
 
 def test_without_the_view_copy_patch_executorch_still_refuses_the_view():
     """Canary: when this fails, ExecuTorch plans such a view itself and the patch can go."""
-    # patch_view_copies_larger_than_their_base_kept keeps this view a copy too (its dims at their bounds hold more
-    # than the parameter), so both are left out
-    without = tuple(p for p in _without(patch_view_copies_of_static_bases_kept)
-                    if p is not fixes.patch_view_copies_larger_than_their_base_kept)
     with pytest.raises(hfx.LoweringError, match="_ViewSpec is incompatible with its base"):
-        lower_to_pte(_position_grid_exported(), patches=without)
+        lower_to_pte(_position_grid_exported(), patches=_without(patch_view_copies_of_static_bases_kept))
 
 
 def test_the_stable_dim_order_sorts_known_strides_and_keeps_unknown_pairs():
@@ -813,41 +808,3 @@ def test_a_size_its_bounds_leave_one_value_is_that_number_and_others_stay_symbol
     assert narrowed.shape[1:] == (2, 32) and isinstance(narrowed.shape[0], torch.SymInt)
     assert narrowed.dtype == keys.dtype and narrowed.fake_mode is keys.fake_mode
     assert fixes.with_one_valued_sizes(grid) is grid  # no size to narrow: the value itself
-
-
-# --- patch_view_copies_larger_than_their_base_kept ---------------------------------------------------------------
-
-
-def _view_of_patches(view_sizes: Any) -> torch.fx.Node:
-    """A ``view_copy`` node over ``[batch, 2 * patches, 32]`` (TimeSformer's two frames of ``(h // 8) * (w // 8)``
-    patches, images of 8-64 px) whose value has the sizes ``view_sizes(batch, patches)`` returns."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
-    mode = FakeTensorMode(shape_env=ShapeEnv())
-    video = mode.from_tensor(torch.empty(2, 3, 32, 32), symbolic_context=StatelessSymbolicContext(
-        dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.DYNAMIC]))
-    batch, _, height, width = video.shape
-    for size, (low, high) in ((batch, (1, 4)), (height, (8, 64)), (width, (8, 64))):
-        torch._check(size >= low)
-        torch._check(size <= high)
-    patches = (height // 8) * (width // 8)
-    graph = torch.fx.Graph()
-    base, view = graph.placeholder("base"), graph.placeholder("view")
-    node = graph.call_function(torch.ops.aten.view_copy.default, (base, [-1]))
-    with mode:
-        base.meta["val"] = torch.empty(batch, 2 * patches, 32)
-        node.meta["val"] = torch.empty(*view_sizes(batch, patches), 32)
-    del view
-    return node
-
-
-def test_a_view_whose_dims_at_their_bounds_outgrow_its_base_is_kept_a_copy():
-    # TimeSformer's [batch, 2P, 32] as [batch, P // 4, 4, P // (2 * (P // 4)), 32]: at most 128 tokens, but its
-    # dims bounded one by one hold more, and a memory view of that size does not fit in the base's plan.
-    # The bounds are ExecuTorch's with hfx's exact ones, as lower_to_pte plans them (16 x 4 x 3 against 128).
-    timesformer = _view_of_patches(lambda batch, patches: (batch, patches // 4, 4, patches // (2 * (patches // 4))))
-    frames = _view_of_patches(lambda batch, patches: (batch, 2, patches))  # the same bound as its base
-    with fixes.patch_exact_upper_bounds():
-        assert fixes._view_bound_exceeds_its_base(timesformer)
-        assert not fixes._view_bound_exceeds_its_base(frames)

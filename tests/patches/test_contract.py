@@ -329,10 +329,8 @@ ROWS = (
                        (_owner("executorch.exir.passes.sym_shape_eval_pass"), "eval_upper_bound")]),
     Row(patch=_pte_fixes.patch_dim_order_of_data_dependent_strides, needs="executorch",
         slots=lambda: [(_owner(name), "dim_order_from_stride") for name in _pte_fixes._DIM_ORDER_USERS]),  # noqa: SLF001
-    *(Row(patch=patch, needs="executorch",
-          slots=lambda: [(_owner("executorch.exir.passes.replace_view_copy_with_view_pass"), "_is_view_copy")])
-      for patch in (_pte_fixes.patch_view_copies_of_static_bases_kept,
-                    _pte_fixes.patch_view_copies_larger_than_their_base_kept)),
+    Row(patch=_pte_fixes.patch_view_copies_of_static_bases_kept, needs="executorch",
+        slots=lambda: [(_owner("executorch.exir.passes.replace_view_copy_with_view_pass"), "_is_view_copy")]),
     Row(patch=_pte_fixes.patch_symbolic_empties_as_zeros, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.passes.memory_format_ops_pass", "MemoryFormatOpsPass"),
                         "call_operator")]),
