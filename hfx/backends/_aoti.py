@@ -239,9 +239,9 @@ def lower_to_aoti(
     threads = default_threads() if threads is None else check_threads("lower_to_aoti", threads)
     configs = check_inductor_configs(inductor_configs)
     exported = for_runtime(as_exported(exported, stage="lower_to_aoti"))
-    package, made = _compiled(exported, threads=threads, configs=configs)
+    package, record = _compiled(exported, threads=threads, configs=configs)
     own = program_constants(exported)
-    made = library_constants(made, own)
+    made = library_constants(record, own)
     opaque = opaque_constants(made)
     if opaque:
         what = (f"the compile made constants in oneDNN's opaque layout ({', '.join(opaque[:3])}; `freezing` packs "

@@ -30,6 +30,7 @@ from hfx.backends._executorch_retraces import (
     patch_edge_dtype_check_reads_metadata,
     patch_export_pass_skips_unchanged_retraces,
 )
+from hfx.backends._size_arithmetic import size_range
 from hfx.patches import Patch, swap_attr, swap_item
 
 # --- the edge verifier ---------------------------------------------------------------------------
@@ -247,9 +248,10 @@ def _one_valued(size: Any) -> Any:
     """``size`` as an int when its shape environment bounds its expression to one value, else ``size``."""
     if not isinstance(size, torch.SymInt) or size.node.is_constant():
         return size
-    node = size.node
-    interval = node.shape_env.bound_sympy(node.expr)
-    return int(interval.lower) if interval.is_singleton() and interval.lower.is_integer else size
+    interval = size_range(size)
+    if interval is None or not interval.is_singleton() or not interval.lower.is_integer:
+        return size
+    return int(interval.lower)
 
 
 def with_one_valued_sizes(val: Any) -> Any:

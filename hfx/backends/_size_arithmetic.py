@@ -32,6 +32,15 @@ def sym_node(graph: Any, function: Callable[[Any, Any], Any], left: Any, right: 
     return node
 
 
+def size_range(size: Any) -> Any:
+    """The range (a ``ValueRanges``) torch's shape environment gives the SymInt ``size``; ``None`` where it
+    cannot bound its expression."""
+    try:
+        return size.node.shape_env.bound_sympy(size.node.expr)
+    except Exception:  # a symbol the shape environment does not know: no bound  # noqa: BLE001
+        return None
+
+
 def _lowest(value: Any) -> Any:
     """The least value ``value`` (an int or a node computing a SymInt) can take, as torch's ranges know it;
     ``None`` where unknown."""
@@ -42,10 +51,8 @@ def _lowest(value: Any) -> Any:
         return value
     if not isinstance(value, torch.SymInt):
         return None
-    try:
-        return value.node.shape_env.bound_sympy(value.node.expr).lower
-    except Exception:  # a symbol the shape environment does not know: no bound  # noqa: BLE001
-        return None
+    interval = size_range(value)
+    return None if interval is None else interval.lower
 
 
 def _at_least(value: Any, least: int) -> bool:
