@@ -43,6 +43,7 @@ def pytest_configure(config):
 
     _SHARING.setattr(module, "exported_from_flat", shared_exports.sharing(module.exported_from_flat))
     _share_lowerings()
+    _decline_openvino_telemetry()
     # Fixtures and tests run eager models and generate many frames deep too, outside hfx's stages: on a reserved
     # frame stack as the stages do (hfx._stack, python/cpython#142183). pytest's function that calls a fixture.
     if callable(getattr(_pytest.fixtures, "call_fixture_func", None)):
@@ -73,6 +74,21 @@ def _share_lowerings():
         openvino._convert, copy=lambda model: model.clone(), kept=LOWERINGS_KEPT))  # noqa: SLF001
     _SHARING.setattr(executorch, "_to_pte", shared_exports.sharing_by_identity(  # noqa: SLF001
         executorch._to_pte, skip=("log",), copy=lambda made: (*made[:2], dict(made[2]), dict(made[3])), kept=LOWERINGS_KEPT))  # noqa: SLF001
+
+
+def _decline_openvino_telemetry():
+    """The suite answers OpenVINO's telemetry consent check "declined", as OpenVINO does in a CI job.
+
+    ``openvino.convert_model`` sends several telemetry events per call unless the user opted out
+    (``opt_in_out --opt_out``, a file in the home directory), each from a process it forks: forking a worker
+    of several GB, and the failed connections in this closed network, were ~9% of the suite's worker time
+    (py-spy, 2026-12-06). The suite neither sends nor writes to the home directory.
+    """
+    try:
+        from openvino_telemetry.utils import opt_in_checker as checker
+    except ImportError:  # no OpenVINO: nothing sends
+        return
+    _SHARING.setattr(checker.OptInChecker, "check", lambda self, *args, **kwargs: checker.ConsentCheckResult.DECLINED)
 
 
 _RESERVED_PYFUNC_CALL = on_a_reserved_stack(_pytest.python.pytest_pyfunc_call)
