@@ -43,6 +43,7 @@ from hfx._export.example_inputs import example_kwargs
 from hfx._export.updates import for_runtime
 from hfx._lift import per_component
 from hfx._pytree import spec_caches
+from hfx.backends._lowering_speed import patch_cia_ops_materialized_once_per_collection
 from hfx._records import Capture, Exported, IoSpec, readonly
 from hfx._serial import one_at_a_time
 from hfx.backends._aoti_constants import library_constants, opaque_constants, recording_library_constants
@@ -295,7 +296,8 @@ def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any]) -
 
     record: dict[str, Any] = {}
     try:
-        with spec_caches(exported.io), captured_output(log, _QUIET_LOGGERS), recording_library_constants(record):
+        with (spec_caches(exported.io), captured_output(log, _QUIET_LOGGERS), recording_library_constants(record),
+              patch_cia_ops_materialized_once_per_collection()):
             return _mapped(compile_into), record
     except Exception as exc:
         what = f"AOTInductor failed: {root_cause(exc)}."

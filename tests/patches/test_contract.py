@@ -46,6 +46,7 @@ from hfx._capture.internal_cache import patch_custom_attention
 from hfx._pytree import cache_classes, registered_caches
 from hfx.backends import PTE_PATCHES, _common
 from hfx.backends import _executorch_fixes as _pte_fixes
+from hfx.backends import _lowering_speed
 from hfx.patches import _core
 
 _MISSING = object()
@@ -310,6 +311,9 @@ ROWS = (
                     _pte_fixes.patch_xnnpack_tanh_gelu, _pte_fixes.patch_xnnpack_max_dim,
                     _pte_fixes.patch_xnnpack_prelu_4d, _pte_fixes.patch_xnnpack_acyclic_partitions,
                     _pte_fixes.patch_xnnpack_reshape_one_valued_sizes)),
+    # Entered by every runtime's lowering (hfx.backends._lowering_speed).
+    Row(patch=_lowering_speed.patch_cia_ops_materialized_once_per_collection,
+        slots=lambda: [(_owner(name), "_collect_all_valid_cia_ops") for name in _lowering_speed._COLLECTORS]),  # noqa: SLF001
     Row(patch=_pte_fixes.patch_export_pass_skips_unchanged_retraces, needs="executorch",
         slots=lambda: [(_owner("executorch.exir.pass_base", "ExportPass"), "call")]),
     Row(patch=_pte_fixes.patch_decompositions_in_one_retrace, needs="executorch",
