@@ -156,6 +156,22 @@ def _loaded(package: bytes | mmap.mmap, constants: Mapping[str, Any]) -> Any:
     return runner
 
 
+def held_constants(constants: Mapping[str, Any], read: Mapping[str, bool]) -> dict[str, Any]:
+    """``constants`` with an empty tensor of its dtype for each the library declares and never reads (``read``
+    False): the original of a weight the C++ GEMM template packed. The runner wants every name, and the program
+    then holds and saves the packed copy alone.
+
+    >>> import torch
+    >>> held = held_constants({"w": torch.ones(2, 3), "packed": torch.ones(1, 3, 2)}, {"w": False, "packed": True})
+    >>> {name: tuple(tensor.shape) for name, tensor in held.items()}
+    {'w': (0,), 'packed': (1, 3, 2)}
+    """
+    import torch
+
+    return {name: tensor if read.get(name, True) else torch.empty(0, dtype=tensor.dtype)
+            for name, tensor in constants.items()}
+
+
 def program_constants(exported: Exported) -> dict[str, Any]:
     """The weights of ``exported``'s program by name (parameters, buffers, lifted constants): its own tensors."""
     program = exported.program
@@ -240,7 +256,7 @@ def lower_to_aoti(
     threads = default_threads() if threads is None else check_threads("lower_to_aoti", threads)
     configs = check_inductor_configs(inductor_configs)
     exported = for_runtime(as_exported(exported, stage="lower_to_aoti"))
-    package, record = _compiled(exported, threads=threads, configs=configs)
+    package, record, read = _compiled(exported, threads=threads, configs=configs)
     own = program_constants(exported)
     made = library_constants(record, own)
     opaque = opaque_constants(made)
@@ -252,7 +268,7 @@ def lower_to_aoti(
         raise _lowering_error(exported, what, todo)
     try:
         return AotiProgram(package=package, io=exported.io, name=exported.name, inductor_configs=configs,
-                           constants=own | made)
+                           constants=held_constants(own | made, read))
     except Exception as exc:
         what = f"the compiled package did not load: {root_cause(exc)}."
         todo = "Lower again (a package loads on the machine that built it) and report it to hfx if it persists."
@@ -279,9 +295,11 @@ def check_inductor_configs(configs: Any) -> dict[str, Any]:
 
 
 @one_at_a_time
-def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any]) -> tuple[mmap.mmap, dict[str, Any]]:
-    """The package AOTInductor makes of ``exported``'s program, compiled for ``threads`` threads, and the constants
-    its library wants by name (``hfx.backends._aoti_constants``: the program's own and any the compile made)."""
+def _compiled(exported: Exported, *, threads: int,
+              configs: Mapping[str, Any]) -> tuple[mmap.mmap, dict[str, Any], dict[str, bool]]:
+    """The package AOTInductor makes of ``exported``'s program, compiled for ``threads`` threads, the constants
+    its library wants by name (``hfx.backends._aoti_constants``: the program's own and any the compile made), and
+    whether its code reads each."""
     import torch
 
     program = copy.copy(exported.program)  # the example inputs go on a copy; the graph is unlifted, not changed
@@ -295,10 +313,11 @@ def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any]) -
         torch._inductor.aoti_compile_and_package(program, package_path=file, inductor_configs=settings)  # noqa: SLF001
 
     record: dict[str, Any] = {}
+    read: dict[str, bool] = {}
     try:
-        with (spec_caches(exported.io), captured_output(log, _QUIET_LOGGERS), recording_library_constants(record),
+        with (spec_caches(exported.io), captured_output(log, _QUIET_LOGGERS), recording_library_constants(record, read),
               patch_cia_ops_materialized_once_per_collection()):
-            return _mapped(compile_into), record
+            return _mapped(compile_into), record, read
     except Exception as exc:
         what = f"AOTInductor failed: {root_cause(exc)}."
         todo = ("It needs a C++ compiler (g++ or clang++ on PATH, or CXX) and the Python headers; if an operator "

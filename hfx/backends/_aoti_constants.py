@@ -18,13 +18,18 @@ for; ``library_constants`` keeps those the program lacks (the library wants them
 They are dense tensors the program then holds with its own (and ``hfx.save``
 writes beside them). A constant in oneDNN's opaque layout (``freezing`` packs
 fp32 linears that way in AOT mode) has no bytes hfx can hold or save:
-``opaque_constants`` names them so the lowering can refuse. Delete when a
+``opaque_constants`` names them so the lowering can refuse. The library never reads
+the original of a weight the template packed (its C++ wrapper only declares it);
+``unread_constants`` finds those in the wrapper's code, and the program holds an empty
+tensor under each such name (``hfx.backends._aoti.held_constants``), so a packed layer
+is held and saved once. Delete when a
 weightless package can give back the constants its compile made.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
@@ -39,17 +44,46 @@ def runner_name(graph: Any, name: str) -> str:
     return graph.allocated_constant_name.get(name, name)
 
 
+# The lines of AOTInductor's C++ wrapper that only declare a constant: its entry in ``constants_info_`` and the
+# reference ``run_impl`` takes to it whether or not a kernel reads it (torch 2.13.0 and 2.14.1).
+_DECLARATION = re.compile(r'\s*(constants_info_\[\d+\]\.(name|original_fqn) = "[^"]*";'
+                          r'|\[\[maybe_unused\]\] auto& \w+ = constants_->at\(\d+\);)\s*')
+
+
+def unread_constants(wrapper_code: str, names: Collection[str]) -> set[str]:
+    """The constants of ``names`` that ``wrapper_code`` (AOTInductor's C++ wrapper) declares and never reads: no
+    kernel or call takes them, as the original of a weight the C++ GEMM template packed at compile time.
+
+    A name the wrapper does not declare in the expected form counts as read.
+
+    >>> code = "\\n".join(["[[maybe_unused]] auto& w = constants_->at(0);",
+    ...                     "[[maybe_unused]] auto& p = constants_->at(1);", "mm(p.data_ptr());"])
+    >>> unread_constants(code, ["w", "p"])
+    {'w'}
+    """
+    lines = wrapper_code.splitlines()
+    declared = "\n".join(line for line in lines if _DECLARATION.fullmatch(line))
+    rest = "\n".join(line for line in lines if not _DECLARATION.fullmatch(line))
+    return {name for name in names if re.search(rf"auto& {re.escape(name)} = constants_->at", declared)
+            and not re.search(rf"\b{re.escape(name)}\b", rest)}
+
+
 @contextlib.contextmanager
-def recording_library_constants(record: dict[str, Any]) -> Iterator[None]:
+def recording_library_constants(record: dict[str, Any], read: dict[str, bool] | None = None) -> Iterator[None]:
     """While the block runs, each library AOTInductor compiles puts its graph's constants into ``record``, by the
-    names its runner asks for (see the module's docstring)."""
+    names its runner asks for (see the module's docstring), and into ``read`` whether any library reads them."""
     from torch._inductor.codecache import AotCodeCompiler
 
     compile_library = AotCodeCompiler.compile  # a classmethod: bound to the class
+    read = {} if read is None else read
 
     def recording(graph: Any, *args: Any, **kwargs: Any) -> Any:
+        wrapper_code = kwargs.get("wrapper_code", args[0] if args else None)
+        unread = unread_constants(wrapper_code, graph.constants) if isinstance(wrapper_code, str) else set()
         for name in graph.constants:
-            record[runner_name(graph, name)] = graph.get_original_value_of_constant(name)
+            runner = runner_name(graph, name)
+            record[runner] = graph.get_original_value_of_constant(name)
+            read[runner] = read.get(runner, False) or name not in unread
         return compile_library(graph, *args, **kwargs)
 
     with swap_attr(AotCodeCompiler, "compile", staticmethod(recording)):

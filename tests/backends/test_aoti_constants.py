@@ -45,9 +45,29 @@ def test_the_weights_the_template_packed_are_kept_with_the_programs_own(packed):
     made = {name: tensor for name, tensor in program.constants.items() if name not in own}
     assert made, "the template packed no weight: the compile made no constant of its own"
     assert set(program._runner.get_constant_fqns()) == set(own) | set(made)  # what the library wants, all held
-    assert all(program.constants[name] is tensor for name, tensor in own.items())  # the program's own, no copy
     packed_bytes = sorted(tensor.numel() for tensor in made.values())
     assert packed_bytes == sorted(own[f"{layer}.weight"].numel() for layer in ("up", "down"))  # one per linear
+    # The library never reads the originals of the packed weights: the program holds an empty tensor for each, and
+    # the rest are its own tensors, not copies.
+    originals = {"up.weight", "down.weight"}
+    assert all(program.constants[name].numel() == 0 and program.constants[name].dtype == own[name].dtype
+               for name in originals)
+    assert all(program.constants[name] is tensor for name, tensor in own.items() if name not in originals)
+
+
+def test_the_library_reads_every_weight_it_did_not_pack():
+    """Without the template nothing is packed: every weight is read, and the program holds them all as they are."""
+    exported = hfx.export(hfx.capture({"hidden": torch.randn(3, 64)}, _Mlp().eval()))
+    program = lower_to_aoti(exported, threads=1)
+    assert all(program.constants[name] is tensor for name, tensor in exported.program.state_dict.items())
+
+
+def test_a_saved_packed_program_stores_each_weight_once(packed, tmp_path):
+    _, exported, program = packed
+    path = hfx.save(tmp_path / "mlp", program)
+    weights = sum(tensor.numel() * tensor.element_size() for tensor in exported.program.state_dict.values())
+    stored = sum(file.stat().st_size for file in path.glob("*.safetensors"))
+    assert weights <= stored <= weights + 4096  # the packed copies and the biases, plus the header
 
 
 def test_aotinductor_still_leaves_them_out_of_a_weightless_package(packed):
