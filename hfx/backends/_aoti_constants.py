@@ -61,21 +61,22 @@ def unread_constants(wrapper_code: str, names: Collection[str]) -> set[str]:
     >>> unread_constants(code, ["w", "p"])
     {'w'}
     """
-    lines = wrapper_code.splitlines()
-    declared = "\n".join(line for line in lines if _DECLARATION.fullmatch(line))
-    rest = "\n".join(line for line in lines if not _DECLARATION.fullmatch(line))
+    declarations: list[str] = []
+    rest: list[str] = []
+    for line in wrapper_code.splitlines():
+        (declarations if _DECLARATION.fullmatch(line) else rest).append(line)
+    declared, rest_code = "\n".join(declarations), "\n".join(rest)
     return {name for name in names if re.search(rf"auto& {re.escape(name)} = constants_->at", declared)
-            and not re.search(rf"\b{re.escape(name)}\b", rest)}
+            and not re.search(rf"\b{re.escape(name)}\b", rest_code)}
 
 
 @contextlib.contextmanager
-def recording_library_constants(record: dict[str, Any], read: dict[str, bool] | None = None) -> Iterator[None]:
+def recording_library_constants(record: dict[str, Any], read: dict[str, bool]) -> Iterator[None]:
     """While the block runs, each library AOTInductor compiles puts its graph's constants into ``record``, by the
     names its runner asks for (see the module's docstring), and into ``read`` whether any library reads them."""
     from torch._inductor.codecache import AotCodeCompiler
 
     compile_library = AotCodeCompiler.compile  # a classmethod: bound to the class
-    read = {} if read is None else read
 
     def recording(graph: Any, *args: Any, **kwargs: Any) -> Any:
         wrapper_code = kwargs.get("wrapper_code", args[0] if args else None)

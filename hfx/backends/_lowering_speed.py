@@ -48,9 +48,8 @@ def _materialised() -> None:
     """``_materialize_cpp_cia_ops`` inside a collection that has materialised already."""
 
 
-@functools.cache
-def materialises_per_namespace() -> bool:
-    """Whether one ``_collect_all_valid_cia_ops`` materialises the dispatcher's ops more than once (probed once)."""
+def materialisations(collect: Callable[[], Any]) -> tuple[Any, int]:
+    """What ``collect()`` returns and how many times it materialised the dispatcher's ops."""
     from torch._export import utils
 
     calls = []
@@ -61,8 +60,16 @@ def materialises_per_namespace() -> bool:
         original()
 
     with swap_attr(utils, "_materialize_cpp_cia_ops", counted):
-        utils._collect_all_valid_cia_ops()  # noqa: SLF001
-    return len(calls) > 1
+        found = collect()
+    return found, len(calls)
+
+
+@functools.cache
+def materialises_per_namespace() -> bool:
+    """Whether one ``_collect_all_valid_cia_ops`` materialises the dispatcher's ops more than once (probed once)."""
+    from torch._export import utils
+
+    return materialisations(utils._collect_all_valid_cia_ops)[1] > 1  # noqa: SLF001
 
 
 @contextlib.contextmanager

@@ -8,35 +8,24 @@ from torch.export import decomp_utils, exported_program
 
 import hfx
 from hfx.backends import _lowering_speed
-from hfx.backends._lowering_speed import materialises_per_namespace, patch_cia_ops_materialized_once_per_collection
-from hfx.patches import swap_attr
-
-
-def _materialisations(collect) -> tuple[set, int]:
-    """What ``collect()`` returns and how many times it materialised the dispatcher's ops."""
-    calls = []
-    original = utils._materialize_cpp_cia_ops
-
-    def counted():
-        calls.append(None)
-        original()
-
-    with swap_attr(utils, "_materialize_cpp_cia_ops", counted):
-        found = collect()
-    return found, len(calls)
+from hfx.backends._lowering_speed import (
+    materialisations,
+    materialises_per_namespace,
+    patch_cia_ops_materialized_once_per_collection,
+)
 
 
 def test_torch_still_materialises_once_per_namespace():
     """The canary: while this holds, the patch has work to do (delete the module when it fails)."""
     assert materialises_per_namespace()
-    _, times = _materialisations(utils._collect_all_valid_cia_ops)
+    _, times = materialisations(utils._collect_all_valid_cia_ops)
     assert times > 10  # one per op namespace: aten's answer is cached, each other namespace materialises again
 
 
 def test_inside_the_patch_a_collection_materialises_once_and_finds_the_same_ops():
-    unpatched, _ = _materialisations(utils._collect_all_valid_cia_ops)
+    unpatched, _ = materialisations(utils._collect_all_valid_cia_ops)
     with patch_cia_ops_materialized_once_per_collection():
-        patched, times = _materialisations(utils._collect_all_valid_cia_ops)
+        patched, times = materialisations(utils._collect_all_valid_cia_ops)
         assert decomp_utils._collect_all_valid_cia_ops is utils._collect_all_valid_cia_ops
         assert exported_program._collect_all_valid_cia_ops is utils._collect_all_valid_cia_ops
     assert times == 1
