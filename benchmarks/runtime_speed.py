@@ -461,9 +461,10 @@ ONE_GRAPH: Mapping[str, Any] = {"multi_token_decode": True}
 CPP_GEMM: Mapping[str, Any] = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
 FP32_VARIANTS: Mapping[str, tuple[tuple[str, Mapping[str, Any], Mapping[str, Any]], ...]] = {
     "pt2": (("", {}, {}), ("-1graph", {}, ONE_GRAPH)),
-    # the pt2 program compiled by AOTInductor (lower_to_aoti); "-cpp-gemm": every matmul through Inductor's C++ GEMM
-    # template (its own kernels on weights it packs at compile time) instead of ATen's BLAS call
-    "aoti": (("", {}, {}), ("-cpp-gemm", {"inductor_configs": CPP_GEMM}, {})),
+    # the pt2 program compiled by AOTInductor (lower_to_aoti); "-aten": every matmul through ATen's BLAS call, a
+    # one-row matmul too (the default measures that call and may take Inductor's reduction for one row);
+    # "-cpp-gemm": every matmul through Inductor's C++ GEMM template (its own kernels on weights it packs)
+    "aoti": (("", {}, {}), ("-aten", {"one_row_matmuls": "aten"}, {}), ("-cpp-gemm", {"inductor_configs": CPP_GEMM}, {})),
     "onnx": (("", {}, {}), ("-1graph", {}, ONE_GRAPH)),
     "pte": (("", {}, {}), ("-1graph", {}, ONE_GRAPH), ("-llm", {}, {"internal_cache_length": 256})),
     "ov": (("", {}, {}), ("-1graph", {}, ONE_GRAPH), ("-stateful", {"stateful": True}, ONE_GRAPH)),

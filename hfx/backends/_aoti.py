@@ -30,7 +30,7 @@ import io
 import mmap
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
@@ -47,6 +47,13 @@ from hfx.backends._lowering_speed import patch_cia_ops_materialized_once_per_col
 from hfx._records import Capture, Exported, IoSpec, readonly
 from hfx._serial import one_at_a_time
 from hfx.backends._aoti_constants import library_constants, opaque_constants, recording_library_constants
+from hfx.backends._aoti_one_row import (
+    aten_one_row_slowdown,
+    check_choice,
+    chosen_kernel,
+    one_row_matmuls_pass,
+    probe_weights,
+)
 from hfx.backends._common import (
     as_exported,
     captured_output,
@@ -62,8 +69,10 @@ RUNTIME = "aoti"
 # The name aoti_compile_and_package gives the one model of its package (data/aotinductor/model/).
 _MODEL = "model"
 _NATIVE_FOLDER = "data/aotinductor/"
-# Package metadata (aot_inductor.metadata) holding the thread count the kernels were generated for.
+# Package metadata (aot_inductor.metadata) holding the thread count the kernels were generated for, and which
+# kernel a matmul of one row runs (hfx.backends._aoti_one_row).
 _THREADS_KEY = "hfx.threads"
+_ONE_ROW_KEY = "hfx.one_row_matmuls"
 # Inductor settings lower_to_aoti makes itself, and what to do instead.
 _OWN_SETTINGS = {
     "cpp.threads": "pass threads=n instead",
@@ -100,6 +109,10 @@ class AotiProgram:
     several Python threads at once share the pool. Another count needs another
     compile, ``lower_to_aoti(exported, threads=n)``; it is not a field to ``evolve``.
 
+    ``one_row_matmuls`` is read from the package too: ``"inductor"`` when a matmul of
+    a weight by one row (a batch-1 decode step) runs a reduction Inductor generated,
+    ``"aten"`` when every matmul calls ATen (``lower_to_aoti``'s option of that name).
+
     Calling the program checks the keyword arguments against ``io`` (names,
     dtypes, dims, bounds) and returns the model's output structure.
     """
@@ -113,6 +126,8 @@ class AotiProgram:
         lambda self: _loaded(self.package, self.constants), takes_self=True))
     threads: int = attrs.field(init=False, default=attrs.Factory(
         lambda self: int(self._runner.get_metadata().get(_THREADS_KEY, default_threads())), takes_self=True))
+    one_row_matmuls: str = attrs.field(init=False, default=attrs.Factory(
+        lambda self: self._runner.get_metadata().get(_ONE_ROW_KEY, "aten"), takes_self=True))
 
     def __call__(self, **kwargs: Any) -> Any:
         """Run the package on ``kwargs`` (checked against ``io``); return the eager model's output structure."""
@@ -217,6 +232,7 @@ def lower_to_aoti(
     *,
     threads: int | None = None,
     inductor_configs: Mapping[str, Any] | None = None,
+    one_row_matmuls: str = "auto",
 ) -> AotiProgram:
     """Compile ``exported`` with AOTInductor into a native package and load it.
 
@@ -234,13 +250,19 @@ def lower_to_aoti(
             ``default_threads()``, the CPUs this process may use.
         inductor_configs: more ``torch._inductor.config`` settings, JSON values
             (``{"max_autotune": True}``); the program records them.
+        one_row_matmuls: what a matmul of a weight by one row (a batch-1 decode step) runs:
+            ``"inductor"``, a reduction Inductor generates, which reads the weight once at memory
+            speed; ``"aten"``, ATen's BLAS call, as every other matmul; ``"auto"``, ``"inductor"``
+            where ATen's call is slow on this CPU (measured on the program's weights, ``threads``
+            threads, about a second: ``hfx.backends._aoti_one_row``) and ``max_autotune`` is not set.
 
     Returns:
         An ``AotiProgram`` callable like the model (``Components`` of them for ``Components``).
 
     Raises:
-        ValueError: ``threads`` is not a positive int, or ``inductor_configs`` sets what
-            ``lower_to_aoti`` sets itself (``cpp.threads``: use ``threads``).
+        ValueError: ``threads`` is not a positive int, ``inductor_configs`` sets what
+            ``lower_to_aoti`` sets itself (``cpp.threads``: use ``threads``), or ``one_row_matmuls``
+            is not ``"auto"``, ``"inductor"`` or ``"aten"``.
         TypeError: ``exported`` is neither ``Exported`` nor ``Capture``, or ``inductor_configs``
             is not a mapping of setting names to JSON values.
         LoweringError: Inductor or the C++ compiler failed, or the package did not load;
@@ -255,9 +277,11 @@ def lower_to_aoti(
     """
     threads = default_threads() if threads is None else check_threads("lower_to_aoti", threads)
     configs = check_inductor_configs(inductor_configs)
+    choice = check_choice(one_row_matmuls)
     exported = for_runtime(as_exported(exported, stage="lower_to_aoti"))
-    package, record, read = _compiled(exported, threads=threads, configs=configs)
     own = program_constants(exported)
+    kernel = one_row_kernel(choice, own.values(), threads=threads, configs=configs)
+    package, record, read = _compiled(exported, threads=threads, configs=configs, one_row=kernel)
     made = library_constants(record, own)
     opaque = opaque_constants(made)
     if opaque:
@@ -273,6 +297,19 @@ def lower_to_aoti(
         what = f"the compiled package did not load: {root_cause(exc)}."
         todo = "Lower again (a package loads on the machine that built it) and report it to hfx if it persists."
         raise _lowering_error(exported, what, todo) from exc
+
+
+def one_row_kernel(choice: str, constants: Iterable[Any], *, threads: int, configs: Mapping[str, Any]) -> str:
+    """What a matmul of one row runs, ``"inductor"`` or ``"aten"``: ``choice`` unless ``"auto"``, which measures
+    ATen's call on ``constants`` (on ``threads`` threads) and keeps ATen under ``max_autotune`` (whose C++ GEMM
+    template packs the weights the reduction would read)."""
+    if choice != "auto" or configs.get("max_autotune"):
+        return "aten" if choice == "auto" else choice
+    weights = probe_weights(constants)
+    if not weights:
+        return chosen_kernel(choice, None)
+    with _intra_op_threads(threads):
+        return chosen_kernel(choice, aten_one_row_slowdown(weights))
 
 
 def check_inductor_configs(configs: Any) -> dict[str, Any]:
@@ -295,17 +332,20 @@ def check_inductor_configs(configs: Any) -> dict[str, Any]:
 
 
 @one_at_a_time
-def _compiled(exported: Exported, *, threads: int,
-              configs: Mapping[str, Any]) -> tuple[mmap.mmap, dict[str, Any], dict[str, bool]]:
-    """The package AOTInductor makes of ``exported``'s program, compiled for ``threads`` threads, the constants
-    its library wants by name (``hfx.backends._aoti_constants``: the program's own and any the compile made), and
-    whether its code reads each."""
+def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any],
+              one_row: str) -> tuple[mmap.mmap, dict[str, Any], dict[str, bool]]:
+    """The package AOTInductor makes of ``exported``'s program, compiled for ``threads`` threads with ``one_row``'s
+    kernel for one-row matmuls, the constants its library wants by name (``hfx.backends._aoti_constants``: the
+    program's own and any the compile made), and whether its code reads each."""
     import torch
 
     program = copy.copy(exported.program)  # the example inputs go on a copy; the graph is unlifted, not changed
     log = io.StringIO()
-    settings = {**configs, "cpp.threads": threads, "aot_inductor.metadata": {_THREADS_KEY: str(threads)},
+    settings = {**configs, "cpp.threads": threads,
+                "aot_inductor.metadata": {_THREADS_KEY: str(threads), _ONE_ROW_KEY: one_row},
                 "aot_inductor.package_constants_in_so": False}
+    if one_row == "inductor":
+        settings["post_grad_custom_post_pass"] = one_row_matmuls_pass()
 
     def compile_into(file: BinaryIO) -> None:
         # AOTInductor takes the inputs' structure from example inputs; the sizes come from the graph's symbols.
