@@ -42,8 +42,7 @@ from hfx._errors import InputError, LoweringError
 from hfx._export.example_inputs import example_kwargs
 from hfx._export.updates import for_runtime
 from hfx._lift import per_component
-from hfx._pytree import spec_caches
-from hfx.backends._lowering_speed import patch_cia_ops_materialized_once_per_collection
+from hfx.backends._lowering_speed import lowering_speedups
 from hfx._records import Capture, Exported, IoSpec, readonly
 from hfx._serial import one_at_a_time
 from hfx.backends._aoti_constants import library_constants, opaque_constants, recording_library_constants
@@ -355,8 +354,8 @@ def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any],
     record: dict[str, Any] = {}
     read: dict[str, bool] = {}
     try:
-        with (spec_caches(exported.io), captured_output(log, _QUIET_LOGGERS), recording_library_constants(record, read),
-              patch_cia_ops_materialized_once_per_collection()):
+        with (lowering_speedups(exported.io), captured_output(log, _QUIET_LOGGERS),
+              recording_library_constants(record, read)):
             return _mapped(compile_into), record, read
     except Exception as exc:
         what = f"AOTInductor failed: {root_cause(exc)}."

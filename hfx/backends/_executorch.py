@@ -46,8 +46,7 @@ from hfx._capture.dynamic_shapes import dim_sizes
 from hfx._export.example_inputs import example_kwargs
 from hfx._export.torch_shapes import derived_dim
 from hfx._export.updates import for_runtime
-from hfx._pytree import spec_caches
-from hfx.backends._lowering_speed import patch_cia_ops_materialized_once_per_collection
+from hfx.backends._lowering_speed import lowering_speedups
 from hfx._contract import FlatCall, call
 from hfx._errors import InputError, LoweringError
 from hfx._lift import per_component
@@ -350,7 +349,7 @@ def lower_to_pte(
     apart = ties_an_embedding(exported.program) if weights_apart is None else weights_apart
     with _quietly() as log:
         exported = for_runtime(exported)  # an ExecuTorch program cannot write its inputs or run asserts
-        with spec_caches(exported.io), patch_cia_ops_materialized_once_per_collection():
+        with lowering_speedups(exported.io):
             buffer, weights, kept, counts = _to_pte(exported, bounds, log, patches, rewrites, methods, apart=apart)
     io_spec = attrs.evolve(exported.io, bounds={**exported.io.bounds, **kept})
     try:

@@ -1,4 +1,5 @@
-"""A lowering-speed patch every runtime's lowering enters: torch's registry walk once per question, not once per namespace.
+"""What every runtime's lowering enters for speed (``lowering_speedups``): torch's registry walk once per question, not
+once per namespace, and hfx's pytree spec caches.
 
 ``patch_cia_ops_materialized_once_per_collection``: ``torch.export`` asks which
 CompositeImplicitAutograd ops a program may keep whole
@@ -25,6 +26,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hfx._pytree import spec_caches
 from hfx.patches._core import swap_attr, swap_attr_on_each
 
 # The modules that call ``_collect_all_valid_cia_ops`` by the name they imported (torch 2.13.0 and 2.14.1).
@@ -89,4 +91,12 @@ def patch_cia_ops_materialized_once_per_collection() -> Iterator[None]:
     modules = [importlib.import_module(name) for name in _COLLECTORS]
     owners = [module for module in modules if getattr(module, "_collect_all_valid_cia_ops", None) is original]
     with swap_attr_on_each(owners, "_collect_all_valid_cia_ops", _collecting_with_one_materialisation(original, utils)):
+        yield
+
+
+@contextlib.contextmanager
+def lowering_speedups(io: Any) -> Iterator[None]:
+    """What every runtime's lowering runs inside: hfx's pytree spec caches for ``io`` (``hfx._pytree.spec_caches``)
+    and ``patch_cia_ops_materialized_once_per_collection``."""
+    with spec_caches(io), patch_cia_ops_materialized_once_per_collection():
         yield

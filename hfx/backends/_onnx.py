@@ -30,8 +30,7 @@ from toolz import curry
 from hfx._contract import FlatCall, call
 from hfx._errors import LoweringError
 from hfx._export.updates import for_runtime
-from hfx._pytree import spec_caches
-from hfx.backends._lowering_speed import patch_cia_ops_materialized_once_per_collection
+from hfx.backends._lowering_speed import lowering_speedups
 from hfx._lift import per_component
 from hfx._records import Capture, Exported, IoSpec
 from hfx.backends._common import (
@@ -282,7 +281,7 @@ def lower_to_onnx(
     threads = default_threads() if threads is None else check_threads("lower_to_onnx", threads)
     providers = default_providers() if providers is None else check_providers("lower_to_onnx", providers)
     exported = for_runtime(as_exported(exported, stage="lower_to_onnx"))
-    with spec_caches(exported.io), patch_cia_ops_materialized_once_per_collection():
+    with lowering_speedups(exported.io):
         model, fused = _to_onnx(exported, opset=opset, optimize=optimize, fixes=fixes, fusions=fusions)
     try:
         return OnnxProgram(model=model, io=exported.io, name=exported.name, opset=opset, fixes=fix_names(fixes),

@@ -33,8 +33,7 @@ from hfx._lift import per_component
 from hfx._mapped_pages import drop_resident_pages, read_back_page_by_page
 from hfx._records import Capture, Exported, IoSpec, TensorSpec
 from hfx._export.updates import for_runtime
-from hfx._pytree import spec_caches
-from hfx.backends._lowering_speed import patch_cia_ops_materialized_once_per_collection
+from hfx.backends._lowering_speed import lowering_speedups
 from hfx.backends._common import (
     as_exported,
     check_threads,
@@ -315,7 +314,7 @@ def lower_to_ov(
     where = f"lower_to_ov(stateful=True) on component {exported.name!r} of {exported.source_class or 'the model'}"
     if stateful:  # the contract first: a graph that cannot keep its cache is refused before the slow conversion
         _stateful_io(exported.io, where=where)
-    with _quiet() as caught, spec_caches(exported.io), patch_cia_ops_materialized_once_per_collection():
+    with _quiet() as caught, lowering_speedups(exported.io):
         try:
             exported = for_runtime(exported)  # asserts dropped; in-place writes (a static cache) become outputs
             model = _convert(exported, graph_fixes)
