@@ -12,7 +12,9 @@ streams each weight once. The row count of a decode graph is a symbol (batch
 times new tokens), so ``OneRowMatmuls`` (an Inductor post-grad pass) puts each
 matmul of a weight behind a ``torch.cond`` on it: one row runs the reduction,
 more rows (a prompt, a batch) run ATen's call as before. Both branches read the
-same weight, so nothing is packed or copied.
+same weight, so nothing is packed or copied. The matmuls that take the same rows
+(a layer's q, k and v) share one cond: each cond is C++ that AOTInductor inlines
+and compiles, so fewer conds compile faster (SmolLM's 211 matmuls in 121 conds).
 
 ``aten_one_row_slowdown`` measures whether the problem is present on this machine:
 ATen's one-row matmul time over the time to read the same weights. ``lower_to_aoti``
@@ -27,6 +29,8 @@ import operator
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+import attrs
 
 # ATen's one-row matmul at this many times the time to read its weights is slow enough to be worth the
 # reduction (measured: 1.5-2.1x on an AMD EPYC with AVX-512 for SmolLM's shapes; ~1.0-1.1x on an Intel
@@ -117,39 +121,66 @@ def chosen_kernel(choice: str, slowdown: float | None) -> str:
     return "inductor" if slowdown is not None and slowdown >= SLOW_ONE_ROW else "aten"
 
 
-def _weight_operand(node: Any) -> tuple[Any, bool] | None:
-    """``(weight, transposed)`` when ``node`` (an ``mm``'s second operand) is a 2-D weight of the graph
-    (``get_attr``) or its transpose (``permute(weight, [1, 0])``, as a ``Linear`` lowers); else None."""
+@attrs.frozen(kw_only=True, eq=False)
+class _WeightMatmul:
+    """An ``mm``/``addmm`` node of the post-grad graph whose right operand is a 2-D weight (``get_attr``) or its
+    transpose (``permute(weight, [1, 0])``, as a ``Linear`` lowers): ``rows @ weight[.T] (+ bias)``."""
+
+    node: Any
+    rows: Any
+    weight: Any
+    transposed: bool
+    bias: Any = None
+
+    @property
+    def operands(self) -> tuple[Any, ...]:
+        return (self.weight,) if self.bias is None else (self.weight, self.bias)
+
+
+def _weight_matmul(node: Any) -> _WeightMatmul | None:
+    """``node`` as a ``_WeightMatmul`` when it is one whose row count is a symbol; else None."""
     import torch
 
-    transposed = (node.op == "call_function" and node.target == torch.ops.aten.permute.default
-                  and list(node.args[1]) == [1, 0])
-    weight = node.args[0] if transposed else node
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default) or node.kwargs:
+        return None
+    bias = node.args[0] if node.target == aten.addmm.default else None
+    rows, right = node.args[-2:]
+    transposed = (right.op == "call_function" and right.target == aten.permute.default
+                  and list(right.args[1]) == [1, 0])
+    weight = right.args[0] if transposed else right
     if weight.op != "get_attr" or getattr(weight.meta.get("val"), "ndim", 0) != 2:
         return None
-    return weight, transposed
+    if isinstance(rows.meta["val"].shape[0], int):  # a number of rows: nothing to choose at run time
+        return None
+    return _WeightMatmul(node=node, rows=rows, weight=weight, transposed=transposed, bias=bias)
 
 
-def _branch(*, one_row: bool, transposed: bool, bias: bool) -> Any:
-    """The graph of one branch over ``(rows, weight[, bias])``: the reduction for one row, else ATen's matmul."""
+def _branch(matmuls: Sequence[_WeightMatmul], *, one_row: bool) -> Any:
+    """The graph of one branch over ``(rows, *each matmul's operands)``, returning each matmul's result: the
+    reductions for one row, else ATen's matmuls."""
     import torch
 
     aten = torch.ops.aten
     graph = torch.fx.Graph()
-    rows, weight = graph.placeholder("rows"), graph.placeholder("weight")
-    bias_node = graph.placeholder("bias") if bias else None
-    if one_row:
-        # weight [n, k]: out[m, n] = sum_k rows[m, k] * weight[n, k]; weight [k, n]: sum over its dim 0
-        column = graph.call_function(aten.unsqueeze.default, (rows, 1 if transposed else 2))
-        product = graph.call_function(aten.mul.Tensor, (column, weight))
-        out = graph.call_function(aten.sum.dim_IntList, (product, [-1 if transposed else 1]))
-        if bias_node is not None:
-            out = graph.call_function(aten.add.Tensor, (out, bias_node))
-    else:
-        right = graph.call_function(aten.permute.default, (weight, [1, 0])) if transposed else weight
-        out = (graph.call_function(aten.addmm.default, (bias_node, rows, right)) if bias_node is not None
-               else graph.call_function(aten.mm.default, (rows, right)))
-    graph.output((out,))
+    rows = graph.placeholder("rows")
+    outputs = []
+    for index, matmul in enumerate(matmuls):
+        weight = graph.placeholder(f"weight_{index}")
+        bias = None if matmul.bias is None else graph.placeholder(f"bias_{index}")
+        if one_row:
+            # weight [n, k]: out[m, n] = sum_k rows[m, k] * weight[n, k]; weight [k, n]: sum over its dim 0
+            column = graph.call_function(aten.unsqueeze.default, (rows, 1 if matmul.transposed else 2))
+            product = graph.call_function(aten.mul.Tensor, (column, weight))
+            out = graph.call_function(aten.sum.dim_IntList, (product, [-1 if matmul.transposed else 1]))
+            if bias is not None:
+                out = graph.call_function(aten.add.Tensor, (out, bias))
+        else:
+            right = graph.call_function(aten.permute.default, (weight, [1, 0])) if matmul.transposed else weight
+            out = (graph.call_function(aten.mm.default, (rows, right)) if bias is None
+                   else graph.call_function(aten.addmm.default, (bias, rows, right)))
+        outputs.append(out)
+    graph.output(tuple(outputs))
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
@@ -162,46 +193,66 @@ def _with_values(module: Any, values: Sequence[Any]) -> Any:
     return module
 
 
-def rewrite_one_row_matmuls(graph: Any) -> int:
-    """Put each ``mm``/``addmm`` of a weight in ``graph`` (Inductor's post-grad graph, changed in place) behind a
-    ``torch.cond`` on its row count, a symbol: one row runs a reduction Inductor generates, more run the matmul as
-    before. Returns how many matmuls it rewrote."""
+def _groups(graph: Any) -> list[list[_WeightMatmul]]:
+    """The weight matmuls of ``graph`` that take the same rows (a layer's q, k and v; its gate and up: each takes
+    its own reshape of the same tensor) as one group, in graph order; one with an operand made after the group's
+    first matmul (an ``addmm`` whose bias is another matmul's result) goes alone."""
     import torch
 
-    aten = torch.ops.aten
+    def same_rows(rows: Any) -> Any:
+        if rows.op == "call_function" and rows.target in (torch.ops.aten.reshape.default, torch.ops.aten.view.default):
+            return rows.args[0], str(tuple(rows.meta["val"].shape))
+        return rows
+
+    position = {node: index for index, node in enumerate(graph.nodes)}
+    by_rows: dict[Any, list[_WeightMatmul]] = {}
+    alone = []
+    for node in graph.nodes:
+        matmul = _weight_matmul(node)
+        if matmul is None:
+            continue
+        group = by_rows.setdefault(same_rows(matmul.rows), [])
+        if group and any(position[operand] >= position[group[0].node] for operand in matmul.operands):
+            alone.append([matmul])
+        else:
+            group.append(matmul)
+    return sorted([*by_rows.values(), *alone], key=lambda group: position[group[0].node])
+
+
+def rewrite_one_row_matmuls(graph: Any) -> int:
+    """Put the ``mm``/``addmm`` nodes of weights in ``graph`` (Inductor's post-grad graph, changed in place) behind
+    a ``torch.cond`` on their row count, a symbol, one cond for the matmuls that take the same rows: one row runs
+    reductions Inductor generates, more run the matmuls as before. Returns how many matmuls it rewrote."""
+    import torch
+
     module, count = graph.owning_module, 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
-            continue
-        bias = node.target == aten.addmm.default
-        rows, right = node.args[1:3] if bias else node.args[:2]
-        found = _weight_operand(right)
-        if found is None or node.kwargs or rows.meta["val"].ndim != 2:
-            continue
-        weight, transposed = found
-        row_count = rows.meta["val"].shape[0]
-        if isinstance(row_count, int):  # a number of rows: nothing to choose at run time
-            continue
-        operands = (rows, weight, node.args[0]) if bias else (rows, weight)
+    for index, found in enumerate(_groups(graph)):
+        # read again: a group's rows or bias may be the result of a matmul rewritten before it
+        group = [_weight_matmul(matmul.node) for matmul in found]
+        rows, first = group[0].rows, group[0].node
+        operands = (rows, *(operand for matmul in group for operand in matmul.operands))
         values = [operand.meta["val"] for operand in operands]
         names = []
         for one_row in (True, False):
-            name = f"hfx_one_row_{'reduce' if one_row else 'matmul'}_{count}"
-            module.add_submodule(name, _with_values(_branch(one_row=one_row, transposed=transposed, bias=bias), values))
+            name = f"hfx_one_row_{'reduce' if one_row else 'matmul'}_{index}"
+            module.add_submodule(name, _with_values(_branch(group, one_row=one_row), values))
             names.append(name)
-        with graph.inserting_before(node):
-            size = graph.call_function(aten.sym_size.int, (rows, 0))
+        row_count = rows.meta["val"].shape[0]
+        with graph.inserting_before(first):
+            size = graph.call_function(torch.ops.aten.sym_size.int, (rows, 0))
             size.meta["val"] = row_count
             one = graph.call_function(operator.eq, (size, 1))
             one.meta["val"] = row_count == 1
             branches = graph.call_function(torch.ops.higher_order.cond,
                                            (one, *(graph.get_attr(name) for name in names), operands))
-            branches.meta["val"] = (node.meta["val"],)
-            out = graph.call_function(operator.getitem, (branches, 0))
-            out.meta = dict(node.meta)
-        node.replace_all_uses_with(out)
-        graph.erase_node(node)
-        count += 1
+            branches.meta["val"] = tuple(matmul.node.meta["val"] for matmul in group)
+            for position, matmul in enumerate(group):
+                out = graph.call_function(operator.getitem, (branches, position))
+                out.meta = dict(matmul.node.meta)
+                matmul.node.replace_all_uses_with(out)
+        for matmul in group:
+            graph.erase_node(matmul.node)
+        count += len(group)
     graph.eliminate_dead_code()  # the transposes the matmuls took
     return count
 

@@ -18,6 +18,7 @@ import torch
 
 import hfx
 from hfx import zoo
+from hfx.backends import _aoti_one_row
 from hfx.backends._aoti import lower_to_aoti, one_row_kernel
 from hfx.backends._aoti_one_row import PROBE_BYTES, SLOW_ONE_ROW, aten_one_row_slowdown, chosen_kernel, probe_weights
 from tests.helpers import eager_tokens
@@ -29,20 +30,22 @@ DIMS = hfx.DynamicShapes(axes={"input": {0: "batch", 1: "sequence"}},
 
 class _EveryMatmul(torch.nn.Module):
     """A weight's matmul in each form Inductor meets: ``Linear`` with and without a bias (``addmm``/``mm`` of the
-    transposed weight) and GPT-2's ``Conv1D`` (``addmm``/``mm`` of a ``[k, n]`` weight)."""
+    transposed weight) and GPT-2's ``Conv1D`` (``addmm``/``mm`` of a ``[k, n]`` weight); two on the same rows
+    (a layer's gate and up, as its q, k and v)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.up = torch.nn.Linear(64, 96)
+        self.gate = torch.nn.Linear(64, 96, bias=False)
         self.down = torch.nn.Linear(96, 64, bias=False)
         self.conv_weight = torch.nn.Parameter(torch.randn(64, 32) / 8)
         self.conv_bias = torch.nn.Parameter(torch.randn(32))
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        hidden = self.down(torch.nn.functional.gelu(self.up(input)))
+        hidden = self.down(torch.nn.functional.gelu(self.up(input)) * self.gate(input))
         rows = hidden.reshape(-1, 64)
-        conv = torch.addmm(self.conv_bias, rows, self.conv_weight).reshape(*hidden.shape[:-1], 32)
-        return conv + hidden @ self.conv_weight
+        conv = torch.addmm(self.conv_bias, rows, self.conv_weight)
+        return (conv + rows @ self.conv_weight).reshape(*hidden.shape[:-1], 32)
 
 
 def _wrapper_code(program) -> str:
@@ -53,24 +56,35 @@ def _wrapper_code(program) -> str:
 
 @pytest.fixture(scope="module")
 def every_matmul():
+    """``(model, its AotiProgram with one_row_matmuls="inductor", how many matmuls the pass rewrote)``."""
     torch.manual_seed(0)
     model = _EveryMatmul().eval()
     capture = hfx.capture({"input": torch.randn(2, 5, 64)}, model, dynamic_shapes=DIMS)
-    return model, lower_to_aoti(capture, threads=1, one_row_matmuls="inductor")
+    rewritten = []
+    rewrite = _aoti_one_row.rewrite_one_row_matmuls
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_aoti_one_row, "rewrite_one_row_matmuls", lambda graph: rewritten.append(rewrite(graph)))
+        # no cached compile: the pass runs
+        program = lower_to_aoti(capture, threads=1, one_row_matmuls="inductor",
+                                inductor_configs={"fx_graph_cache": False})
+    return model, program, sum(rewritten)
 
 
 def test_every_weight_matmul_runs_behind_a_cond_with_a_reduction_for_one_row(every_matmul):
-    _, program = every_matmul
+    _, program, rewritten = every_matmul
     assert program.one_row_matmuls == "inductor"
+    assert rewritten == 5  # a torch whose post-grad graph hides a weight's matmul from the pass fails here
     code = _wrapper_code(program)
-    # four weight matmuls, four conds: a torch whose post-grad graph hides them from the pass fails here
-    assert sorted(set(re.findall(r"hfx_one_row_reduce_\d+", code))) == [f"hfx_one_row_reduce_{i}" for i in range(4)]
+    conds = sorted(set(re.findall(r"hfx_one_row_reduce_\d+", code)))
+    # the matmuls that take the same rows share a cond (up and gate); Inductor makes the second Conv1D matmul an
+    # addmm of the first's result, so it has its own
+    assert conds == [f"hfx_one_row_reduce_{i}" for i in range(4)], conds
     assert len(set(re.findall(r"hfx_one_row_matmul_\d+", code))) == 4
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 4), (3, 1), (4, 7)], ids=lambda s: "x".join(map(str, s)))
 def test_one_row_and_many_rows_give_eagers_numbers(every_matmul, shape):
-    model, program = every_matmul
+    model, program, _ = every_matmul
     torch.manual_seed(1)
     input = torch.randn(*shape, 64)
     with torch.no_grad():
