@@ -140,10 +140,45 @@ class AotiProgram:
     def _run(self, flat: list[Any]) -> list[Any]:
         try:
             with _intra_op_threads(self.threads):
-                return self._runner.run(flat)
+                return self._runner.run(contiguous(flat))
         except Exception as exc:
             msg = f"AotiProgram({self.name}): the compiled package failed: {first_line(exc)}"
             raise LoweringError(msg) from exc
+
+
+def contiguous(flat: list[Any]) -> list[Any]:
+    """``flat`` with each tensor contiguous (a copy where it is not): the compiled code reads its inputs with the
+    contiguous strides it was compiled for (``_contiguous_inputs``) and does not check them.
+
+    >>> import torch
+    >>> rows = torch.arange(12.0).reshape(3, 4)[:, 1:]
+    >>> [t.is_contiguous() for t in contiguous([rows, torch.ones(2), 3])[:2]]
+    [True, True]
+    """
+    import torch
+
+    return [t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t for t in flat]
+
+
+@contextlib.contextmanager
+def _contiguous_inputs(program: Any) -> Iterator[None]:
+    """``program``'s user inputs recorded as contiguous tensors while the block runs (their values put back
+    after). AOTInductor compiles for the strides the graph records, and a capture can record a slice's: LLaVA's
+    image features without the class token (``[n, 16, 32]`` at stride 544 = 17 x 32); a contiguous input then
+    read past each image, and the call gives contiguous inputs (``contiguous``)."""
+    import torch
+
+    users = set(program.graph_signature.user_inputs)
+    nodes = [node for node in program.graph.nodes if node.op == "placeholder" and node.name in users]
+    before = [node.meta.get("val") for node in nodes]
+    for node, value in zip(nodes, before, strict=True):
+        if isinstance(value, torch.Tensor):
+            node.meta["val"] = value.clone(memory_format=torch.contiguous_format)
+    try:
+        yield
+    finally:
+        for node, value in zip(nodes, before, strict=True):
+            node.meta["val"] = value
 
 
 def _loaded(package: bytes | mmap.mmap, constants: Mapping[str, Any]) -> Any:
@@ -355,7 +390,7 @@ def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any],
     read: dict[str, bool] = {}
     try:
         with (lowering_speedups(exported.io), captured_output(log, _QUIET_LOGGERS),
-              recording_library_constants(record, read)):
+              recording_library_constants(record, read), _contiguous_inputs(program)):
             return _mapped(compile_into), record, read
     except Exception as exc:
         what = f"AOTInductor failed: {root_cause(exc)}."

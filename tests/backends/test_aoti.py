@@ -263,3 +263,18 @@ def test_unknown_input_is_an_input_error(forward):
     _, _, program = forward
     with pytest.raises(hfx.InputError, match=re.escape("AotiProgram(model) does not take input(s) ['bogus']")):
         program(**new_inputs("llama"), bogus=torch.ones(1))
+
+
+def test_an_input_captured_as_a_slice_runs_on_contiguous_and_sliced_tensors():
+    # LLaVA's projector takes the image features without the class token: a slice, stride 17 x 32 per image. The
+    # compiled code assumed that stride and read past each image of a contiguous input (garbage, ~1e34).
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 64)).eval()
+    dims = hfx.DynamicShapes(axes={"input": {0: "image_count"}}, bounds={"image_count": (1, 8)})
+    exported = hfx.export(hfx.capture({"input": torch.randn(2, 17, 32)[:, 1:]}, model, dynamic_shapes=dims))
+    placeholder = [n for n in exported.program.graph.nodes if n.op == "placeholder"][-1]
+    program = lower_to_aoti(exported, threads=1)
+    assert placeholder.meta["val"].stride() == (544, 32, 1)  # the Exported is left as it was
+    for input in (torch.randn(3, 16, 32), torch.randn(3, 17, 32)[:, 1:], torch.randn(3, 16, 64)[..., ::2]):
+        with torch.no_grad():
+            want = model(input)
+        torch.testing.assert_close(program(input=input), want, rtol=FP32_PARITY, atol=FP32_PARITY)
