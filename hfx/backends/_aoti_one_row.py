@@ -6,7 +6,7 @@ A batch-1 decode step multiplies one row by each weight. AOTInductor calls ATen'
 a weight at half the speed memory gives: measured on an AMD EPYC with AVX-512, a
 ``[1, 576] x [576, 1536]`` ``mm`` takes 1.8x the time ``weight.sum()`` takes to
 read the same bytes, so SmolLM's decode step ran at 0.88x eager's time, where an
-Intel Xeon's MKL reads at the bandwidth floor. A matmul of one row is a
+Intel Xeon's all-ATen program read the weights at 1.06x the bandwidth floor. A matmul of one row is a
 reduction: ``(row * weight).sum(-1)``, a kernel Inductor generates itself that
 streams each weight once. The row count of a decode graph is a symbol (batch
 times new tokens), so ``OneRowMatmuls`` (an Inductor post-grad pass) puts each
@@ -33,8 +33,8 @@ from typing import Any
 import attrs
 
 # ATen's one-row matmul at this many times the time to read its weights is slow enough to be worth the
-# reduction (measured: 1.5-2.1x on an AMD EPYC with AVX-512 for SmolLM's shapes; ~1.0-1.1x on an Intel
-# Xeon, whose MKL call reads at the bandwidth floor).
+# reduction (measured: 1.5-2.1x on an AMD EPYC with AVX-512 for SmolLM's shapes; on an Intel Xeon, whose
+# all-ATen program decoded at 1.06x the bandwidth floor, the ratio is expected near 1 but not yet measured).
 SLOW_ONE_ROW = 1.3
 # The weights the probe reads: enough bytes to leave the caches (a probe in cache measures call overhead).
 PROBE_BYTES = 64 * 2**20
