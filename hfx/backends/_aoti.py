@@ -337,13 +337,13 @@ def one_row_kernel(choice: str, constants: Iterable[Any], *, threads: int, confi
     """What a matmul of one row runs, ``"inductor"`` or ``"aten"``: ``choice`` unless ``"auto"``, which measures
     ATen's call on ``constants`` (on ``threads`` threads) and keeps ATen under ``max_autotune`` (whose C++ GEMM
     template packs the weights the reduction would read)."""
-    if choice != "auto" or configs.get("max_autotune"):
-        return "aten" if choice == "auto" else choice
+    if choice != "auto":
+        return choice
+    if configs.get("max_autotune"):
+        return "aten"
     weights = probe_weights(constants)
-    if not weights:
-        return chosen_kernel(choice, None)
     with _intra_op_threads(threads):
-        return chosen_kernel(choice, aten_one_row_slowdown(weights))
+        return chosen_kernel(choice, aten_one_row_slowdown(weights) if weights else None)
 
 
 def check_inductor_configs(configs: Any) -> dict[str, Any]:
