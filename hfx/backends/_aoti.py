@@ -46,6 +46,7 @@ from hfx.backends._lowering_speed import lowering_speedups
 from hfx._records import Capture, Exported, IoSpec, readonly
 from hfx._serial import one_at_a_time
 from hfx.backends._aoti_constants import library_constants, opaque_constants, recording_library_constants
+from hfx.backends._aoti_fixes import contiguous_inputs, convolves_a_data_dependent_batch, unbacked_sizes_within_int64
 from hfx.backends._aoti_one_row import (
     aten_one_row_slowdown,
     check_choice,
@@ -148,7 +149,7 @@ class AotiProgram:
 
 def contiguous(flat: list[Any]) -> list[Any]:
     """``flat`` with each tensor contiguous (a copy where it is not): the compiled code reads its inputs with the
-    contiguous strides it was compiled for (``_contiguous_inputs``) and does not check them.
+    contiguous strides it was compiled for (``_aoti_fixes.contiguous_inputs``) and does not check them.
 
     >>> import torch
     >>> rows = torch.arange(12.0).reshape(3, 4)[:, 1:]
@@ -158,27 +159,6 @@ def contiguous(flat: list[Any]) -> list[Any]:
     import torch
 
     return [t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t for t in flat]
-
-
-@contextlib.contextmanager
-def _contiguous_inputs(program: Any) -> Iterator[None]:
-    """``program``'s user inputs recorded as contiguous tensors while the block runs (their values put back
-    after). AOTInductor compiles for the strides the graph records, and a capture can record a slice's: LLaVA's
-    image features without the class token (``[n, 16, 32]`` at stride 544 = 17 x 32); a contiguous input then
-    read past each image, and the call gives contiguous inputs (``contiguous``)."""
-    import torch
-
-    users = set(program.graph_signature.user_inputs)
-    nodes = [node for node in program.graph.nodes if node.op == "placeholder" and node.name in users]
-    before = [node.meta.get("val") for node in nodes]
-    for node, value in zip(nodes, before, strict=True):
-        if isinstance(value, torch.Tensor):
-            node.meta["val"] = value.clone(memory_format=torch.contiguous_format)
-    try:
-        yield
-    finally:
-        for node, value in zip(nodes, before, strict=True):
-            node.meta["val"] = value
 
 
 def _loaded(package: bytes | mmap.mmap, constants: Mapping[str, Any]) -> Any:
@@ -380,6 +360,8 @@ def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any],
                 "aot_inductor.package_constants_in_so": False}
     if one_row == "inductor":
         settings["post_grad_custom_post_pass"] = one_row_matmuls_pass()
+    if convolves_a_data_dependent_batch(program) and "layout_optimization" not in configs:
+        settings["layout_optimization"] = False
 
     def compile_into(file: BinaryIO) -> None:
         # AOTInductor takes the inputs' structure from example inputs; the sizes come from the graph's symbols.
@@ -390,7 +372,8 @@ def _compiled(exported: Exported, *, threads: int, configs: Mapping[str, Any],
     read: dict[str, bool] = {}
     try:
         with (lowering_speedups(exported.io), captured_output(log, _QUIET_LOGGERS),
-              recording_library_constants(record, read), _contiguous_inputs(program)):
+              recording_library_constants(record, read), contiguous_inputs(program),
+              unbacked_sizes_within_int64(program)):
             return _mapped(compile_into), record, read
     except Exception as exc:
         what = f"AOTInductor failed: {root_cause(exc)}."

@@ -138,8 +138,9 @@ class _WeightMatmul:
 
 
 def _weight_matmul(node: Any) -> _WeightMatmul | None:
-    """``node`` as a ``_WeightMatmul`` when it is one whose row count is a symbol; else None."""
+    """``node`` as a ``_WeightMatmul`` when it is one whose row count is a symbol of the inputs' sizes; else None."""
     import torch
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     aten = torch.ops.aten
     if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default) or node.kwargs:
@@ -151,7 +152,12 @@ def _weight_matmul(node: Any) -> _WeightMatmul | None:
     weight = right.args[0] if transposed else right
     if weight.op != "get_attr" or getattr(weight.meta.get("val"), "ndim", 0) != 2:
         return None
-    if isinstance(rows.meta["val"].shape[0], int):  # a number of rows: nothing to choose at run time
+    count = rows.meta["val"].shape[0]
+    if isinstance(count, int):  # a number of rows: nothing to choose at run time
+        return None
+    if free_unbacked_symbols(count):
+        # a count computed from data (Idefics3's real images): never a decode step, and Inductor gives a cond's
+        # outputs new data-dependent sizes whose bounds AOTInductor cannot print (16 x (2^63 - 2))
         return None
     return _WeightMatmul(node=node, rows=rows, weight=weight, transposed=transposed, bias=bias)
 
