@@ -625,6 +625,8 @@ def table(results: Mapping[str, Any]) -> str:
                 f"{_cell(row.get('size_mb'), 0)} | "
                 f"{'-' if same is None else 'yes' if same else 'no'} |")
     lines += memory_table(results)
+    if any(goal.contender in rows for goal in GOALS):
+        lines += goals_table(results)
     seen = dict.fromkeys(stage for row in rows.values() for stage in row.get("stages") or {})
     stage_names = sorted(seen, key=lambda stage: STAGES.index(stage) if stage in STAGES else len(STAGES))
     lines += ["\nExport seconds per stage, and the peak RSS of the export process:\n",
@@ -636,6 +638,75 @@ def table(results: Mapping[str, Any]) -> str:
             lines.append(f"| {name} | {cells} | {_cell(sum(row['stages'].values()))} | "
                          f"{_cell(row.get('build_peak_rss_mb'), 0)} |")
     return "\n".join(lines).lstrip("\n")
+
+
+@attrs.frozen
+class Goal:
+    """An issue-13 speed goal at batch 1: ``contender``'s ``key`` at most ``bound`` times ``base``'s."""
+
+    what: str
+    contender: str
+    base: str
+    key: str
+    bound: float
+
+
+# The fast path of each runtime against what the issue measures it by; "goals" names them as contenders.
+GOALS = (
+    Goal("ONNX decode vs ONNX Runtime GenAI", "hfx-onnx", "ort-genai", "decode_ms", 1.1),
+    Goal("ONNX prefill vs ONNX Runtime GenAI", "hfx-onnx", "ort-genai", "prefill_ms", 1.2),
+    Goal("OpenVINO decode vs ONNX Runtime GenAI", "hfx-ov-stateful", "ort-genai", "decode_ms", 1.0),
+    Goal("ExecuTorch decode vs eager", "hfx-pte-llm", "eager", "decode_ms", 0.6),
+    Goal("torch.export decode vs eager", "hfx-aoti", "eager", "decode_ms", 0.7),
+)
+GOAL_CONTENDERS = ("eager", "ort-genai", *dict.fromkeys(goal.contender for goal in GOALS))
+SIZE_BOUND, MEMORY_BOUND, EXPORT_BOUND = 1.1, 1.5, 120.0  # x checkpoint, x weights over the footprint, seconds
+
+
+def _verdict(holds: bool | None) -> str:
+    return "-" if holds is None else "holds" if holds else "**misses**"
+
+
+def goals_table(results: Mapping[str, Any]) -> list[str]:
+    """Markdown lines: each of issue 13's goals measured in this run (batch 1), whether it holds, and whether the
+    floor leaves room for it (a goal under the time needed to read the weights once cannot hold in fp32 here);
+    then each goal contender's size, memory, export time and tokens against their bounds."""
+    rows = results["contenders"]
+    figure = functools.partial(_figure, rows, "1")
+    floor = results.get("floor", {}).get("decode_ms")
+    lines = ["\nIssue 13's goals at batch 1, as measured in this run (the goal in ms against the floor: under it, "
+             "no fp32 program can meet the goal on this machine):\n",
+             "| goal | contender | measured | bound | verdict | goal ms | floor ms |",
+             "|---|---|---:|---:|---|---:|---:|"]
+    for goal in GOALS:
+        value, base = figure(goal.contender, goal.key), figure(goal.base, goal.key)
+        ratio = None if value is None or not base else value / base
+        goal_ms = None if not base else goal.bound * base
+        against = floor if goal.key == "decode_ms" else None
+        verdict = _verdict(None if ratio is None else ratio <= goal.bound)
+        if against is not None and goal_ms is not None and goal_ms < against:
+            verdict += " (under the floor)"
+        lines.append(f"| {goal.what} | {goal.contender} | {_cell(ratio, 2)} | {goal.bound:.1f} | {verdict} | "
+                     f"{_cell(goal_ms, 2)} | {_cell(against, 2)} |")
+    weights_mb = results.get("model", {}).get("weight_bytes", 0) / 2**20
+    checkpoint = results.get("model", {}).get("checkpoint_mb")
+    lines += ["", f"| contender | size / checkpoint (<= {SIZE_BOUND}) | (peak - footprint) / weights, batch 1 "
+              f"(<= {MEMORY_BOUND}) | export s (<= {EXPORT_BOUND:.0f}) | eager's tokens, batch 1 |",
+              "|---|---:|---:|---:|---|"]
+    for name in dict.fromkeys(goal.contender for goal in GOALS):
+        row = rows.get(name)
+        if row is None or "error" in row:
+            continue
+        size = None if not checkpoint or row.get("size_mb") is None else row["size_mb"] / checkpoint
+        peak, footprint = figure(name, "peak_rss_mb"), row.get("footprint_mb")
+        memory = None if peak is None or footprint is None or not weights_mb else (peak - footprint) / weights_mb
+        export = sum(row["stages"].values()) if row.get("stages") else None
+        same = row.get("same_tokens", {}).get("1")
+        lines.append(f"| {name} | {_cell(size, 2)} {_verdict(None if size is None else size <= SIZE_BOUND)} | "
+                     f"{_cell(memory, 2)} {_verdict(None if memory is None else memory <= MEMORY_BOUND)} | "
+                     f"{_cell(export)} {_verdict(None if export is None else export <= EXPORT_BOUND)} | "
+                     f"{'-' if same is None else 'yes' if same else '**no**'} |")
+    return lines
 
 
 def memory_table(results: Mapping[str, Any]) -> list[str]:
@@ -700,7 +771,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=1, help="run every contender this many times, round-robin; best of")
     parser.add_argument("--reuse-builds", action="store_true", help="keep builds that --workdir already holds")
-    parser.add_argument("--contenders", help="comma-separated names (default: all); see --list")
+    parser.add_argument("--contenders", help="comma-separated names (default: all; goals: issue 13's); see --list")
     parser.add_argument("--list", action="store_true", help="print the contenders' names and exit")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "runtime_speed")
@@ -720,13 +791,27 @@ def main() -> None:
     if args.list:
         print("\n".join(names))
         return
-    chosen = args.contenders.split(",") if args.contenders else names
+    chosen = chosen_contenders(args.contenders, names)
     unknown = sorted(set(chosen) - set(names))
     if unknown:
         parser.error(f"unknown contender(s) {unknown}; known: {', '.join(names)}")
     with tempfile.TemporaryDirectory(prefix="hfx-runtime-speed-") as tmp:
         results = measure(args, chosen, args.workdir or Path(tmp), functools.partial(write_results, args.out))
     print(header(results) + "\n\n" + table(results))
+
+
+def chosen_contenders(given: str | None, names: list[str]) -> list[str]:
+    """The contenders ``--contenders`` names, in its order; ``goals`` stands for issue 13's (``GOAL_CONTENDERS``).
+
+    >>> chosen_contenders("eager,goals,hfx-onnx-int4", ["eager", "x"])
+    ['eager', 'ort-genai', 'hfx-onnx', 'hfx-ov-stateful', 'hfx-pte-llm', 'hfx-aoti', 'hfx-onnx-int4']
+    >>> chosen_contenders(None, ["eager", "x"])
+    ['eager', 'x']
+    """
+    if not given:
+        return names
+    expanded = [name for part in given.split(",") for name in (GOAL_CONTENDERS if part == "goals" else (part,))]
+    return list(dict.fromkeys(expanded))
 
 
 def write_results(out: Path, results: Mapping[str, Any]) -> None:

@@ -79,6 +79,36 @@ def test_the_memory_table_measures_each_batch_peak_over_the_footprint_in_weights
     assert onnx_row.split(" | ")[8] == "190"  # the batch's own peak, not the process's
 
 
+def test_the_goals_table_rates_each_fast_path_against_its_goal_and_the_floor():
+    run = {"prefill_ms": 100.0, "decode_ms": 25.0, "tokens": [[1, 2]], "peak_rss_mb": 200.0}
+    rows = {
+        "eager": {"runs": {"1": run}, "stages": None, "size_mb": 100.0},
+        "ort-genai": {"runs": {"1": {**run, "decode_ms": 20.0}}, "stages": {"build": 1.0}, "size_mb": 100.0},
+        "hfx-onnx": {"runs": {"1": {**run, "decode_ms": 21.0, "prefill_ms": 130.0}}, "size_mb": 101.0,
+                     "stages": {"export": 10.0, "lower": 50.0}, "footprint_mb": 40.0},
+        "hfx-aoti": {"runs": {"1": {**run, "decode_ms": 20.0, "tokens": [[1, 3]], "peak_rss_mb": 250.0}},
+                     "size_mb": 120.0, "stages": {"export": 10.0, "lower": 115.0}, "footprint_mb": 40.0},
+    }
+    results = {"prompts": {"1": {}}, "prompt": 8, "tokens": 2, "floor": {"decode_ms": 18.0}, "contenders": rows,
+               "model": {"weight_bytes": 100 * 2**20, "checkpoint_mb": 100.0}}
+    rs.compare_tokens(rows)
+    lines = rs.table(results).splitlines()
+    assert "| ONNX decode vs ONNX Runtime GenAI | hfx-onnx | 1.05 | 1.1 | holds | 22.00 | 18.00 |" in lines
+    assert "| ONNX prefill vs ONNX Runtime GenAI | hfx-onnx | 1.30 | 1.2 | **misses** | 120.00 | - |" in lines
+    # 0.7 x eager's 25 ms is 17.5 ms, under the 18 ms floor
+    assert ("| torch.export decode vs eager | hfx-aoti | 0.80 | 0.7 | **misses** (under the floor) | 17.50 | 18.00 |"
+            in lines)
+    assert "| ExecuTorch decode vs eager | hfx-pte-llm | - | 0.6 | - (under the floor) | 15.00 | 18.00 |" in lines
+    assert "| hfx-onnx | 1.01 holds | 1.60 **misses** | 60.0 holds | yes |" in lines  # (200 - 40) / 100
+    assert "| hfx-aoti | 1.20 **misses** | 2.10 **misses** | 125.0 **misses** | **no** |" in lines
+
+
+def test_goals_stands_for_the_goal_contenders_and_every_one_is_a_contender():
+    names = list(rs.contenders(1))
+    assert set(rs.GOAL_CONTENDERS) <= set(names)
+    assert rs.chosen_contenders("goals", names) == list(rs.GOAL_CONTENDERS)
+
+
 def test_an_unknown_shape_is_refused():
     with pytest.raises(KeyError):
         rs.shape_config("llama-7b", None)
