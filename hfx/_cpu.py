@@ -33,6 +33,11 @@ INT8_DOT_PRODUCT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8", "avx_
 #: ``ONEDNN_MAX_CPU_ISA`` values below VNNI: oneDNN then runs the saturating kernels on any CPU.
 _ONEDNN_CAPS_WITHOUT_VNNI = frozenset({"SSE41", "AVX", "AVX2", "AVX512_CORE"})
 _X86 = frozenset({"x86_64", "amd64", "i386", "i686", "x86"})
+#: Prefixes of the x86 flags that name instruction-set extensions: what a compiler may use under ``-march=native``
+#: (``pni`` is SSE3). The other flags say how the CPU or its hypervisor behaves, not what code it runs.
+_X86_ISA_PREFIXES = ("sse", "ssse3", "pni", "avx", "amx", "fma", "f16c", "bmi", "adx", "aes", "movbe", "abm", "lzcnt",
+                     "popcnt", "sha_ni", "vaes", "vpclmulqdq", "gfni", "pclmulqdq", "rdrand", "rdseed", "xsave",
+                     "clflushopt", "clwb", "movdir", "serialize", "3dnowprefetch", "cx16", "lahf_lm")
 
 
 @functools.cache
@@ -54,6 +59,20 @@ def cpu_flags() -> frozenset[str]:
         # sysctl spells them AVX512VNNI / AVX2; map to /proc/cpuinfo's spelling for the VNNI check.
         return frozenset(f.lower().replace("avx512vnni", "avx512_vnni") for f in out.split())
     return frozenset()
+
+
+def isa_flags(flags: frozenset[str] | None = None, *, machine: str | None = None) -> frozenset[str]:
+    """The instruction-set extensions among this CPU's flags (or ``flags``): what native code built for it with
+    ``-march=native`` may use. An Arm CPU's ``Features`` are all extensions.
+
+    >>> sorted(isa_flags(frozenset({"fpu", "avx2", "fma", "hypervisor", "avx512f", "pni"}), machine="x86_64"))
+    ['avx2', 'avx512f', 'fma', 'pni']
+    """
+    machine = (machine or platform.machine()).lower()
+    flags = cpu_flags() if flags is None else flags
+    if machine not in _X86:
+        return flags
+    return frozenset(flag for flag in flags if flag.startswith(_X86_ISA_PREFIXES))
 
 
 def int8_dot_product_without_saturation(flags: frozenset[str] | None = None, *, machine: str | None = None) -> bool:

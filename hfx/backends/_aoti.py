@@ -38,6 +38,7 @@ import attrs
 from toolz import curry
 
 from hfx._contract import FlatCall, call
+from hfx._cpu import isa_flags
 from hfx._errors import InputError, LoweringError
 from hfx._export.example_inputs import example_kwargs
 from hfx._export.updates import for_runtime
@@ -113,6 +114,12 @@ class AotiProgram:
     a weight by one row (a batch-1 decode step) runs a reduction Inductor generated,
     ``"aten"`` when every matmul calls ATen (``lower_to_aoti``'s option of that name).
 
+    ``cpu_flags`` are the instruction-set extensions its native code may use: Inductor
+    builds with ``-march=native``, so those of the CPU that compiled it
+    (``hfx._cpu.isa_flags``), or none recorded where ``inductor_configs`` chose the
+    architecture (``cpp.march``). ``hfx.load`` refuses a package on a CPU without them,
+    where its code would stop the process with an illegal instruction.
+
     Calling the program checks the keyword arguments against ``io`` (names,
     dtypes, dims, bounds) and returns the model's output structure.
     """
@@ -122,6 +129,7 @@ class AotiProgram:
     name: str = "model"
     inductor_configs: Mapping[str, Any] = attrs.field(factory=dict, converter=readonly)
     constants: Mapping[str, Any] = attrs.field(factory=dict, converter=readonly, repr=False)
+    cpu_flags: frozenset[str] = attrs.field(factory=frozenset, converter=frozenset, repr=False)
     _runner: Any = attrs.field(init=False, repr=False, default=attrs.Factory(
         lambda self: _loaded(self.package, self.constants), takes_self=True))
     threads: int = attrs.field(init=False, default=attrs.Factory(
@@ -306,7 +314,7 @@ def lower_to_aoti(
         raise _lowering_error(exported, what, todo)
     try:
         return AotiProgram(package=package, io=exported.io, name=exported.name, inductor_configs=configs,
-                           constants=held_constants(own | made, read))
+                           constants=held_constants(own | made, read), cpu_flags=built_for(configs))
     except Exception as exc:
         what = f"the compiled package did not load: {root_cause(exc)}."
         todo = "Lower again (a package loads on the machine that built it) and report it to hfx if it persists."
@@ -324,6 +332,12 @@ def one_row_kernel(choice: str, constants: Iterable[Any], *, threads: int, confi
     weights = probe_weights(constants)
     with _intra_op_threads(threads):
         return chosen_kernel(choice, aten_one_row_slowdown(weights) if weights else None)
+
+
+def built_for(configs: Mapping[str, Any]) -> frozenset[str]:
+    """The instruction-set extensions a package compiled here with ``configs`` may use: this CPU's, as Inductor
+    builds with ``-march=native``, unless ``cpp.march`` names the architecture (then hfx cannot tell: none)."""
+    return frozenset() if configs.get("cpp.march") is not None else isa_flags()
 
 
 def check_inductor_configs(configs: Any) -> dict[str, Any]:
@@ -392,7 +406,8 @@ def save_files(program: AotiProgram, directory: Path, *, filename: str = "") -> 
     filename = filename or f"{program.name}.pt2"
     (directory / filename).parent.mkdir(parents=True, exist_ok=True)
     _write(program.package, directory / filename)
-    entry = {"files": [filename], "threads": program.threads, "inductor_configs": dict(program.inductor_configs)}
+    entry = {"files": [filename], "threads": program.threads, "inductor_configs": dict(program.inductor_configs),
+             "cpu_flags": sorted(program.cpu_flags)}
     if program.constants:
         import safetensors.torch
 
@@ -449,12 +464,34 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
                f"{threads}; load it with threads={compiled} (or None), or compile it again with "
                f"lower_to_aoti(exported, threads={threads})")
         raise InputError(msg)  # an HfxError: hfx.load passes it on as it is, not as an unreadable file
+    check_cpu(entry.get("cpu_flags", ()), name=name)
     with (Path(directory) / entry["files"][0]).open("rb") as saved:
         package = _mapped(functools.partial(shutil.copyfileobj, saved))
     files = entry["files"]
     constants = _mapped_weights(Path(directory) / files[1], entry.get("aliases", {})) if len(files) > 1 else {}
     return AotiProgram(package=package, io=io, name=name, inductor_configs=entry.get("inductor_configs", {}),
-                       constants=constants)
+                       constants=constants, cpu_flags=entry.get("cpu_flags", ()))
+
+
+def check_cpu(needed: Iterable[str], *, name: str, have: frozenset[str] | None = None) -> None:
+    """Refuse (``InputError``) a package whose code may use instruction-set extensions this CPU (or ``have``) lacks,
+    before any of its code is loaded; nothing is checked where the CPU's flags cannot be read.
+
+    >>> check_cpu(["avx2", "fma"], name="decode", have=frozenset({"avx2", "fma", "sse2"}))
+    >>> check_cpu(["avx2", "avx512f", "avx512bw"], name="decode", have=frozenset({"avx2", "fma"}))
+    Traceback (most recent call last):
+    ...
+    hfx._errors.InputError: load: component 'decode' is an AOTInductor package built for a CPU with avx512bw, avx512f, ...
+    """
+    have = isa_flags() if have is None else have
+    missing = sorted(set(needed) - have)
+    if missing and have:
+        msg = (f"load: component {name!r} is an AOTInductor package built for a CPU with {', '.join(missing[:8])}, "
+               f"which this CPU lacks: its native code would stop the process with an illegal instruction. Lower "
+               f"it again on this machine (hfx.lower_to_aoti), build it for a baseline such as x86-64-v3 "
+               f"(inductor_configs={{'cpp.march': 'x86-64-v3', 'cpp.simdlen': 256}}), or export to ONNX, "
+               f"OpenVINO or ExecuTorch, which run on any CPU")
+        raise InputError(msg)
 
 
 def native_members(entry: Mapping[str, Any], directory: Path) -> list[str]:

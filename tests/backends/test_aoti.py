@@ -27,7 +27,8 @@ import hfx
 from hfx import zoo
 from hfx._contract import flat_inputs
 from hfx._pytree import spec_caches
-from hfx.backends._aoti import AotiProgram, lower_to_aoti
+from hfx._cpu import isa_flags
+from hfx.backends._aoti import AotiProgram, built_for, lower_to_aoti
 from tests.helpers import CAPTURE_SHAPE, NEW_SHAPE, eager_tokens, new_inputs, one_layer
 from tests.tolerances import FP32_PARITY
 
@@ -157,6 +158,23 @@ def test_save_writes_the_package_and_load_refuses_it_without_trust(decomposed, t
                                          r"lower_to_aoti\(exported, threads=2\)$"):
         hfx.load(path, trust=True, threads=2)
     assert hfx.load(path, trust=True, threads=1)["decode"].threads == 1
+
+
+def test_a_package_records_the_cpus_instruction_sets_and_a_cpu_without_one_is_refused_before_loading(forward, tmp_path):
+    # Inductor builds with -march=native: an AVX-512 package on an AVX2-only CPU would die on an illegal instruction
+    _, _, program = forward
+    assert program.cpu_flags == isa_flags() and "sse2" in program.cpu_flags
+    path = hfx.save(tmp_path / "forward", program)
+    manifest = json.loads((path / "hfx.json").read_text())
+    assert manifest["components"]["model"]["cpu_flags"] == sorted(isa_flags())
+    assert hfx.load(path, trust=True).cpu_flags == isa_flags()
+    manifest["components"]["model"]["cpu_flags"] += ["avx1024_future"]
+    (path / "hfx.json").write_text(json.dumps(manifest))
+    with pytest.raises(hfx.InputError, match=re.escape(
+            "load: component 'model' is an AOTInductor package built for a CPU with avx1024_future, which this CPU "
+            "lacks: its native code would stop the process with an illegal instruction. Lower it again")):
+        hfx.load(path, trust=True)
+    assert built_for({"cpp.march": "x86-64-v3"}) == frozenset()  # an architecture the caller chose: not recorded
 
 
 def test_the_weights_are_the_programs_own_tensors_and_saved_once_beside_the_package(forward, tmp_path):
