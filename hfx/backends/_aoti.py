@@ -336,8 +336,8 @@ def one_row_kernel(choice: str, constants: Iterable[Any], *, threads: int, confi
 
 def built_for(configs: Mapping[str, Any]) -> frozenset[str]:
     """The instruction-set extensions a package compiled here with ``configs`` may use: this CPU's, as Inductor
-    builds with ``-march=native``, unless ``cpp.march`` names the architecture (then hfx cannot tell: none)."""
-    return frozenset() if configs.get("cpp.march") is not None else isa_flags()
+    builds with ``-march=native``, unless ``cpp.march`` names another architecture (then hfx cannot tell: none)."""
+    return isa_flags() if configs.get("cpp.march") in (None, "native") else frozenset()
 
 
 def check_inductor_configs(configs: Any) -> dict[str, Any]:

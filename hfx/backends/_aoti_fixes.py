@@ -17,9 +17,8 @@ from typing import Any
 def contiguous_inputs(program: Any) -> Iterator[None]:
     """``program``'s user inputs recorded as contiguous tensors while the block runs (their values put back
     after). AOTInductor compiles for the strides the graph records, and a capture can record a slice's: LLaVA's
-    image features without the class token (``[n, 16, 32]`` at stride 544 = 17 x 32); a contiguous input then
-    read past each image of a contiguous input, and the call gives contiguous inputs
-    (``hfx.backends._aoti.contiguous``)."""
+    image features without the class token (``[n, 16, 32]`` at stride 544 = 17 x 32), and the code compiled for
+    it read past each image of a contiguous input. The call gives contiguous inputs (``hfx.backends._aoti.contiguous``)."""
     import torch
 
     users = set(program.graph_signature.user_inputs)
