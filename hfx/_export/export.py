@@ -244,7 +244,7 @@ def _narrow(program: torch.export.ExportedProgram, kwargs: Mapping[str, Any], sh
     environment; the program is changed in place (hfx's own, fresh from torch.export)."""
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    shape_env = _shape_env(program)
+    shape_env = program_shape_env(program)
     for symbol, name in _symbol_names(program, kwargs, shapes).items():
         if name in names:
             lo, hi = shapes.bounds[name]
@@ -273,7 +273,7 @@ def asserted_ranges(program: torch.export.ExportedProgram, kwargs: Mapping[str, 
     """
     from hfx._export.guard_ranges import condition_interval, jointly_held
 
-    shape_env = _shape_env(program)
+    shape_env = program_shape_env(program)
     if not branches or shape_env is None:
         return {}
     traced = getattr(shape_env, "backed_var_to_val", None)  # torch 2.13 renamed var_to_val (and deprecated it)
@@ -337,7 +337,7 @@ def _static(shapes: DynamicShapes, names: frozenset[str]) -> DynamicShapes:
     return DynamicShapes(axes=axes, bounds={name: b for name, b in shapes.bounds.items() if name not in names})
 
 
-def _shape_env(program: torch.export.ExportedProgram) -> Any:
+def program_shape_env(program: torch.export.ExportedProgram) -> Any:
     """The shape environment ``program``'s tensors share (that of its first input with one), or None."""
     for node in program.graph.nodes:
         shape_env = getattr(getattr(node.meta.get("val"), "fake_mode", None), "shape_env", None)

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from hfx._export.export import program_shape_env
+
 
 @contextlib.contextmanager
 def contiguous_inputs(program: Any) -> Iterator[None]:
@@ -34,19 +36,6 @@ def contiguous_inputs(program: Any) -> Iterator[None]:
             node.meta["val"] = value
 
 
-def _shape_envs(program: Any) -> list[Any]:
-    """The ShapeEnvs of ``program``'s symbolic sizes (one for an exported program)."""
-    import torch
-
-    envs: dict[int, Any] = {}
-    for node in program.graph.nodes:
-        value = node.meta.get("val")
-        for size in list(value.shape) if isinstance(value, torch.Tensor) else [value]:
-            if isinstance(size, torch.SymInt):
-                envs.setdefault(id(size.node.shape_env), size.node.shape_env)
-    return list(envs.values())
-
-
 @contextlib.contextmanager
 def unbacked_sizes_within_int64(program: Any) -> Iterator[None]:
     """``program``'s data-dependent sizes bounded by int64's largest size while the block runs (their ranges put
@@ -61,17 +50,17 @@ def unbacked_sizes_within_int64(program: Any) -> Iterator[None]:
     import sympy
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    widened = []
-    for env in _shape_envs(program):
-        for symbol, bounds in list(env.var_to_range.items()):
-            if bounds.is_int and isinstance(bounds.upper, sympy.Integer) and int(bounds.upper) > sys.maxsize - 1:
-                widened.append((env, symbol, bounds))
-                env.var_to_range[symbol] = ValueRanges(bounds.lower, sys.maxsize - 1)
+    env = program_shape_env(program)
+    ranges = {} if env is None else env.var_to_range
+    # written directly, not through ShapeEnv._update_var_to_range, which only ever narrows: the ranges go back after
+    narrowed = {symbol: bounds for symbol, bounds in ranges.items()
+                if bounds.is_int and isinstance(bounds.upper, sympy.Integer) and int(bounds.upper) > sys.maxsize - 1}
+    for symbol, bounds in narrowed.items():
+        ranges[symbol] = ValueRanges(bounds.lower, sys.maxsize - 1)
     try:
         yield
     finally:
-        for env, symbol, bounds in widened:
-            env.var_to_range[symbol] = bounds
+        ranges.update(narrowed)
 
 
 def convolves_a_data_dependent_batch(program: Any) -> bool:
