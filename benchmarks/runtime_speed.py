@@ -594,6 +594,16 @@ def _figure(rows: Mapping[str, Any], batch: str, name: str, key: str) -> float |
     return rows.get(name, {}).get("runs", {}).get(batch, {}).get(key)
 
 
+def _export_seconds(row: Mapping[str, Any]) -> float | None:
+    """A built contender's export time, every stage summed."""
+    return sum(row["stages"].values()) if row.get("stages") else None
+
+
+def _over_weights(peak: float | None, footprint: float | None, weights_mb: float) -> float | None:
+    """The issue's memory measure: ``(peak - footprint) / weights``."""
+    return None if peak is None or footprint is None or not weights_mb else (peak - footprint) / weights_mb
+
+
 def table(results: Mapping[str, Any]) -> str:
     """The results as markdown: per contender the export stages, and per batch prefill, decode, RSS, size, tokens."""
     rows = results["contenders"]
@@ -617,7 +627,7 @@ def table(results: Mapping[str, Any]) -> str:
                 continue
             prefill, decode = figure(name, "prefill_ms"), figure(name, "decode_ms")
             same = row.get("same_tokens", {}).get(batch)
-            export = sum(row["stages"].values()) if row.get("stages") else None
+            export = _export_seconds(row)
             lines.append(
                 f"| {name} | {_cell(export)} | {_cell(prefill)} | {_ratio(prefill, eager_prefill)} | "
                 f"{_ratio(prefill, genai_prefill)} | {_cell(decode, 2)} | {_ratio(decode, eager_decode)} | "
@@ -625,7 +635,7 @@ def table(results: Mapping[str, Any]) -> str:
                 f"{_cell(row.get('size_mb'), 0)} | "
                 f"{'-' if same is None else 'yes' if same else 'no'} |")
     lines += memory_table(results)
-    if any(goal.contender in rows for goal in GOALS):
+    if any(name in rows for name in FAST_PATHS):
         lines += goals_table(results)
     seen = dict.fromkeys(stage for row in rows.values() for stage in row.get("stages") or {})
     stage_names = sorted(seen, key=lambda stage: STAGES.index(stage) if stage in STAGES else len(STAGES))
@@ -659,7 +669,8 @@ GOALS = (
     Goal("ExecuTorch decode vs eager", "hfx-pte-llm", "eager", "decode_ms", 0.6),
     Goal("torch.export decode vs eager", "hfx-aoti", "eager", "decode_ms", 0.7),
 )
-GOAL_CONTENDERS = ("eager", "ort-genai", *dict.fromkeys(goal.contender for goal in GOALS))
+FAST_PATHS = tuple(dict.fromkeys(goal.contender for goal in GOALS))
+GOAL_CONTENDERS = ("eager", "ort-genai", *FAST_PATHS)
 SIZE_BOUND, MEMORY_BOUND, EXPORT_BOUND = 1.1, 1.5, 120.0  # x checkpoint, x weights over the footprint, seconds
 
 
@@ -693,14 +704,14 @@ def goals_table(results: Mapping[str, Any]) -> list[str]:
     lines += ["", f"| contender | size / checkpoint (<= {SIZE_BOUND}) | (peak - footprint) / weights, batch 1 "
               f"(<= {MEMORY_BOUND}) | export s (<= {EXPORT_BOUND:.0f}) | eager's tokens, batch 1 |",
               "|---|---:|---:|---:|---|"]
-    for name in dict.fromkeys(goal.contender for goal in GOALS):
+    for name in FAST_PATHS:
         row = rows.get(name)
         if row is None or "error" in row:
             continue
         size = None if not checkpoint or row.get("size_mb") is None else row["size_mb"] / checkpoint
         peak, footprint = figure(name, "peak_rss_mb"), row.get("footprint_mb")
-        memory = None if peak is None or footprint is None or not weights_mb else (peak - footprint) / weights_mb
-        export = sum(row["stages"].values()) if row.get("stages") else None
+        memory = _over_weights(peak, footprint, weights_mb)
+        export = _export_seconds(row)
         same = row.get("same_tokens", {}).get("1")
         lines.append(f"| {name} | {_cell(size, 2)} {_verdict(None if size is None else size <= SIZE_BOUND)} | "
                      f"{_cell(memory, 2)} {_verdict(None if memory is None else memory <= MEMORY_BOUND)} | "
@@ -727,7 +738,7 @@ def memory_table(results: Mapping[str, Any]) -> list[str]:
         if footprint is None:
             continue
         peaks = [_figure(rows, batch, name, "peak_rss_mb") for batch in batches]
-        cells = [f"{_cell(peak, 0)} | {_cell(None if peak is None else (peak - footprint) / weights_mb, 2)}"
+        cells = [f"{_cell(peak, 0)} | {_cell(_over_weights(peak, footprint, weights_mb), 2)}"
                  for peak in peaks]
         lines.append(f"| {name} | {_cell(footprint, 0)} | {_cell(row.get('load_peak_rss_mb'), 0)} | {' | '.join(cells)} | "
                      f"{_cell(row.get('file_rss_mb'), 0)} |")
