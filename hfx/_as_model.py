@@ -22,6 +22,7 @@ from hfx._capture.positions import model_class
 from hfx._contract import input_keys
 from hfx._errors import InputError, argument_error
 from hfx._generate import initial_cache, run_feature_encoders, step, with_positions
+from hfx._kept_positions import KEPT_INPUT, kept_positions
 from hfx._pytree import spec_caches
 from hfx._records import Components
 from hfx._upstream import cache_argument
@@ -201,6 +202,7 @@ def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         msg = f"as_model: forward needs {token_key} (inputs_embeds are not an input of the exported graphs)"
         raise InputError(msg)
     tokens = state[token_key]
+    state[KEPT_INPUT] = kept_positions(kwargs.get(KEPT_INPUT), tokens.shape[-1])  # a multi-token decode graph's
     cache_key = cache_argument(state) or meta.roles.cache_input or "past_key_values"
     cache = state.get(cache_key)
     past = int(cache.get_seq_length()) if cache is not None else 0

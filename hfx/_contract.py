@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 
 from hfx._errors import InputError
 from hfx._export.constant_outputs import with_constants
+from hfx._kept_positions import with_every_position
 from hfx._pytree import classes_in_spec, leaves_in_spec_order, registered_caches, spec_caches
 from hfx._upstream import with_installed_fields, with_taken_cache_name
 
@@ -42,6 +43,16 @@ def input_keys(io: IoSpec) -> tuple[str, ...]:
     return tuple(load_spec(io.in_spec).child(1).context)
 
 
+def in_spec_without(io: IoSpec, dropped: Callable[[str], bool], added: Mapping[str, torch.Tensor] | None = None) -> str:
+    """``io``'s serialised ``in_spec`` without the keyword arguments ``dropped`` names and with ``added`` last."""
+    with spec_caches(io):
+        leaves = [torch.zeros([1] * len(spec.shape)) for spec in io.inputs]
+        _, kwargs = pytree.tree_unflatten(leaves, load_spec(io.in_spec))
+        kwargs = {key: value for key, value in kwargs.items() if not dropped(key)}
+        kwargs.update(added or {})
+        return pytree.treespec_dumps(pytree.tree_structure(((), kwargs)))
+
+
 def flat_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> list[torch.Tensor]:
     """Check ``kwargs`` against ``io`` and return the graph's flat input tensors in order.
 
@@ -60,7 +71,7 @@ def checked_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> tu
         InputError: as ``flat_inputs``.
     """
     keys = input_keys(io)
-    kwargs = with_taken_cache_name(kwargs, keys)
+    kwargs = with_every_position(keys, with_taken_cache_name(kwargs, keys))
     _check_names(io, keys, kwargs, program)
     leaves = _leaves_in_captured_order(io, {k: kwargs[k] for k in keys}, program)
     sizes: dict[str, tuple[int, str]] = {}

@@ -36,6 +36,7 @@ from hfx._generation_config import (
     logits_processors,
     refuse_what_the_loop_cannot_do,
 )
+from hfx._kept_positions import KEPT_INPUT, last_position
 from hfx._pytree import spec_caches
 from hfx._records import Components, EncoderInputs
 from hfx._upstream import cache_argument, output_cache
@@ -370,6 +371,7 @@ def _loop(programs: Components, state: dict[str, Any], tokens: torch.Tensor, tok
     roles = programs.meta.roles
     for _ in range(max_new_tokens):
         state.update({token_key: _with_appended(new_tokens, roles.appended_tokens), mask_key: mask})
+        state[KEPT_INPUT] = last_position(state[token_key])
         state.update({name: torch.full_like(state[token_key], value) for name, value in roles.token_fills.items()})
         positions = with_positions(programs, sections, state, new_tokens, mask, positions)
         if decode is None:

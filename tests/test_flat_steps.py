@@ -20,6 +20,7 @@ from hfx import zoo
 from hfx._capture.positions import text_positions
 from hfx._contract import FlatCall, flat_inputs
 from hfx._flat_steps import CHECKED_STEPS, DecodeSteps, _as_input, flat_step, step_plan, steps_within_bounds
+from hfx._kept_positions import last_position
 from hfx._pytree import spec_caches
 from hfx._upstream import cache_argument, output_cache
 
@@ -57,14 +58,15 @@ def _prompt_and_cache(model, batch: int = 2, sequence: int = 6):
 
 
 def _step_state(mask: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {"input_ids": tokens, "attention_mask": mask, "position_ids": text_positions(mask)[:, -1:]}
+    return {"input_ids": tokens, "attention_mask": mask, "position_ids": text_positions(mask)[:, -1:],
+            "logits_to_keep": last_position(tokens)}
 
 
 def test_the_plan_feeds_the_new_tensors_and_carries_the_cache_into_itself(decode_of):
     _, decode = decode_of("pt2")
     plan = step_plan(decode.io)
     names, outputs = decode.io.input_names, decode.io.output_names
-    assert [key for key, _, _ in plan.fed] == ["input_ids", "position_ids", "attention_mask"]
+    assert [key for key, _, _ in plan.fed] == ["input_ids", "position_ids", "attention_mask", "logits_to_keep"]
     assert [(names[i], outputs[o]) for i, o in plan.carried] == [
         ("past_key_values.layers.0.keys", "present.layers.0.keys"),  # hfx's input names on every release
         ("past_key_values.layers.0.values", "present.layers.0.values")]

@@ -20,6 +20,7 @@ from hfx._capture.multimodal import FeatureEncoder, feature_methods, placeholder
 from hfx._capture.recording import recorded_generate, with_padding_mask
 from hfx._errors import CaptureError, describe
 from hfx._generation_config import decoder_prompt
+from hfx._kept_positions import KEPT_INPUT, new_token_count
 from hfx._pytree import is_cache, owned_tensors
 from hfx._records import Capture, ComponentRoles, Components, DynamicShapes, GenerationMeta, GenerationSettings, ModelSpec
 
@@ -58,9 +59,19 @@ def _one_item(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v[:1] if isinstance(v, torch.Tensor) and v.ndim else v for k, v in kwargs.items()}
 
 
-def as_multi_token_call(call: Mapping[str, Any]) -> dict[str, Any]:
-    """``call`` as a multi-token decode graph takes it: the logits of every new token (``logits_to_keep=0``)."""
-    return {**call, "logits_to_keep": 0} if "logits_to_keep" in call else dict(call)
+def as_multi_token_call(call: Mapping[str, Any], *, positions: torch.Tensor | None = None) -> dict[str, Any]:
+    """``call`` as a multi-token decode graph takes it: with ``logits_to_keep`` as the positions whose logits it
+    returns (a tensor input of the graph; ``positions``, by default the last new token's, as ``hfx.generate``
+    passes it).
+
+    For a model that takes no ``logits_to_keep`` the call is as it was.
+    """
+    if KEPT_INPUT not in call:
+        return dict(call)
+    count = new_token_count(call)
+    if count is None:
+        return dict(call)
+    return {**call, KEPT_INPUT: torch.tensor([count - 1]) if positions is None else positions}
 
 
 # Per-token inputs of a step and their token axis (M-RoPE's position ids are [sections, batch, tokens]).
@@ -71,10 +82,9 @@ _TOKEN_AXES = {"input_ids": -1, "decoder_input_ids": -1, "position_ids": -1, "ca
 def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """One decode call for two query tokens: the first step's cache, both steps' new tokens.
 
-    It returns the logits of every new token (``logits_to_keep=0``), which a
-    block of speculative tokens needs; generate reads the last one.
+    It returns the logits of every new token (``logits_to_keep=0``); ``_with_kept_positions`` makes that an input.
     """
-    merged = as_multi_token_call(first)
+    merged = {**first, KEPT_INPUT: 0} if KEPT_INPUT in first else dict(first)
     for key, axis in _TOKEN_AXES.items():
         if isinstance(first.get(key), torch.Tensor) and isinstance(second.get(key), torch.Tensor):
             merged[key] = torch.cat([first[key], second[key]], dim=axis)
@@ -84,18 +94,46 @@ def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[s
     return merged
 
 
-def _takes_two_new_tokens(model: torch.nn.Module, merged: dict[str, Any]) -> bool:
-    """Whether ``model`` runs ``merged``, a step of two new tokens over a cache, eagerly (its state left as it was)."""
+def _run_eagerly(model: torch.nn.Module, call: Mapping[str, Any]) -> Any:
+    """``model``'s output on a copy of ``call``, its state left as it was (it raises what the model raises)."""
     import copy
 
     from hfx.patches import preserve_module_state
 
+    with torch.no_grad(), preserve_module_state(model):
+        return model(**copy.deepcopy(dict(call)))
+
+
+def _takes_two_new_tokens(model: torch.nn.Module, merged: dict[str, Any]) -> bool:
+    """Whether ``model`` runs ``merged``, a step of two new tokens over a cache, eagerly (its state left as it was)."""
     try:
-        with torch.no_grad(), preserve_module_state(model):
-            model(**copy.deepcopy(merged))
+        _run_eagerly(model, merged)
     except Exception:  # noqa: BLE001 - the model refuses the step, for whatever reason: one graph cannot take it
         return False
     return True
+
+
+def _with_kept_positions(model: torch.nn.Module, call: dict[str, Any]) -> dict[str, Any]:
+    """``call`` (a multi-token step) with ``logits_to_keep`` as a tensor of positions, an input of the graph
+    (``hfx._kept_positions``), when ``model`` honours one as transformers' causal LMs do
+    (``hidden_states[:, logits_to_keep]``); else as it is, the graph returning every position's logits.
+
+    Checked eagerly: asked for position ``[1]``, the model must return that position's logits alone.
+    """
+    keep = call.get(KEPT_INPUT)
+    if not isinstance(keep, int) or keep != 0 or (new_token_count(call) or 0) < 2:
+        return call
+    try:
+        kept = _run_eagerly(model, {**call, KEPT_INPUT: torch.tensor([1])}).logits
+        every = _run_eagerly(model, call).logits
+    except Exception:  # noqa: BLE001 - the model refuses a tensor of positions: the graph keeps every position
+        return call
+    second = every[:, 1:2] if isinstance(every, torch.Tensor) and every.ndim == 3 else None
+    if second is None or not isinstance(kept, torch.Tensor) or kept.shape != second.shape:
+        return call
+    if not torch.allclose(kept, second, rtol=1e-4, atol=1e-5):
+        return call
+    return as_multi_token_call(call, positions=torch.arange(new_token_count(call) or 0))
 
 
 def _decode_shapes(capture: Capture, *, multi_token: bool, whole_sequence: bool = False) -> DynamicShapes:
@@ -318,6 +356,8 @@ def decompose(
     if merge and multi_token_decode is None and decode is not None and not _takes_two_new_tokens(stepping, decode):
         merge = False  # ProphetNet asserts a step of one token over a cache: it keeps a prefill
         decode = _pick_decode(calls, multi_token=False)
+    if merge and decode is not None:
+        decode = _with_kept_positions(stepping, decode)
     if decode is None and not multimodal and _cache_free(calls):
         return _cache_free_components(model, calls, inputs.get("input_ids"), recorded, generation_config)
     if not calls or decode is None:

@@ -31,6 +31,8 @@ _AXIS_RULES: tuple[tuple[frozenset[str], Mapping[int, str]], ...] = (
     (frozenset({"pixel_values", "pixel_mask"}), {0: "batch", -2: "height", -1: "width"}),
     (frozenset({"input_values"}), {0: "batch", -1: "audio_length"}),
     (frozenset({"input_features"}), {0: "batch", -1: "frames"}),
+    # a multi-token decode's positions whose logits it returns (decompose's _with_kept_positions)
+    (frozenset({"logits_to_keep"}), {0: "kept"}),
 )
 
 
@@ -147,6 +149,7 @@ def _default_bounds(model: torch.nn.Module | None) -> dict[str, tuple[int, int |
         "sequence": sequence,
         "decoder_sequence": sequence,
         "total_sequence": sequence,
+        "kept": sequence,
         "past_sequence": (1, limit - 1 if limit else None),  # a step adds at least one token to the past
     }
 

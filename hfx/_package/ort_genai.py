@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from hfx._package.every_position import every_position
 from hfx._package.text_decoder import decode_component, refusal, write_model_files
 from hfx._records import Components, GenerationMeta, IoSpec
 from hfx.backends._onnx import OnnxProgram, lower_to_onnx
@@ -161,8 +162,8 @@ def write_ort_genai(programs: Components, staging: Path, *, tokenizer: Any) -> N
         # Named model.onnx as genai's builder names it, after the lowering: the record's other lowerings are the same one.
         return attrs.evolve(lower_to_onnx(record), name="model")
 
-    decode = decode_component(programs, consumer=CONSUMER, pipeline="onnxruntime_genai.Model", fed=_FED_INPUTS,
-                              lower=lower, record=OnnxProgram)
+    decode = every_position(decode_component(programs, consumer=CONSUMER, pipeline="onnxruntime_genai.Model",
+                                             fed=_FED_INPUTS, lower=lower, record=OnnxProgram))
     write_model_files(staging, Components(items={"decode": decode}, meta=programs.meta), tokenizer=tokenizer)
     filename = json.loads((staging / MANIFEST).read_text())["components"]["decode"]["files"][0]
     config = genai_config(decode, programs.meta, filename=filename, tokenizer=tokenizer)

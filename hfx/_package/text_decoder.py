@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from hfx._kept_positions import KEPT_INPUT
 from hfx._records import Capture, Components, Exported
 
 
@@ -60,7 +61,8 @@ def decode_component(
         msg = (f"package for {consumer}: the decode component is a {type(decode).__name__}; give Components of "
                f"Capture, Exported or {record.__name__} records")
         raise TypeError(msg)
-    others = sorted(graph_arguments(decode) - set(fed) - {programs.meta.roles.cache_input or "past_key_values"})
+    # logits_to_keep: taken out of the lowered graph by the writer (every_position, the stateful form)
+    others = sorted(graph_arguments(decode) - set(fed) - {programs.meta.roles.cache_input or "past_key_values", KEPT_INPUT})
     if others:  # checked before the lowering, which is the slow part
         raise refusal(consumer, f"the decode graph takes {others}, which {pipeline} does not feed (it feeds "
                       f"{sorted(fed)})", "Capture the model with only input_ids and attention_mask.")

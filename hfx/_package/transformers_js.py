@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 
+from hfx._package.every_position import every_position
 from hfx._package.text_decoder import decode_component, graph_arguments
 from hfx._records import Capture, Components, Exported, TensorSpec
 
@@ -114,8 +115,9 @@ def _decoder(programs: Components) -> Any:
     """The one ONNX graph that prefills and decodes, checked against what Transformers.js feeds it."""
     from hfx.backends._onnx import OnnxProgram
 
-    program = _runs_in_node(decode_component(programs, consumer=CONSUMER, pipeline="Transformers.js's decoder_forward",
-                                             fed=_DECODER_INPUTS, lower=lowered_for_node, record=OnnxProgram))
+    program = every_position(_runs_in_node(decode_component(
+        programs, consumer=CONSUMER, pipeline="Transformers.js's decoder_forward", fed=_DECODER_INPUTS,
+        lower=lowered_for_node, record=OnnxProgram)))
     if program.io.updates:
         raise _refuse("the decode graph writes a static cache in place; Transformers.js grows the cache from the "
                       "present.* outputs", "Decompose without a static-cache generation_config.")

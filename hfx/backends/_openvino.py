@@ -45,7 +45,7 @@ from hfx.backends._common import (
 )
 from hfx.backends._openvino_fixes import OV_GRAPH_FIXES, OvGraphFix
 from hfx.backends._openvino_probes import snippets_miscompute_zeroed_attention
-from hfx.backends._openvino_stateful import stateful_io, stateful_model
+from hfx.backends._openvino_stateful import CACHE_INPUT, stateful_io, stateful_model
 from hfx._serial import one_at_a_time
 
 RUNTIME = "openvino"
@@ -352,7 +352,8 @@ def _stateful(model: Any, io: IoSpec, *, where: str) -> tuple[Any, IoSpec, tuple
         kept_model = stateful_model(model)
     except ValueError as exc:
         raise ValueError(_stateful_refusal(where, exc)) from exc
-    return kept_model, kept_io, tuple(name for name in io.input_names if name not in kept_io.input_names)
+    return kept_model, kept_io, tuple(name for name in io.input_names
+                                      if name not in kept_io.input_names and name.startswith(f"{CACHE_INPUT}."))
 
 
 def _stateful_io(io: IoSpec, *, where: str) -> IoSpec:

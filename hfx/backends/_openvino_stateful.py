@@ -17,6 +17,8 @@ from typing import Any
 
 import attrs
 
+from hfx._kept_positions import KEPT_INPUT
+
 CACHE_INPUT = "past_key_values"
 CACHE_OUTPUT = "present"
 BEAM_INPUT = "beam_idx"
@@ -76,10 +78,30 @@ def stateful_model(model: Any, /) -> Any:
             # An empty cache: the request's batch, the static head and feature sizes, a past of its minimum (0).
             sizes = [batch, *(ops.constant([shape[i].get_min_length()], ov.Type.i64) for i in range(1, shape.rank.get_length()))]
             op.set_arguments([ops.broadcast(ops.constant(0.0, op.get_output_element_type(0)), ops.concat(sizes, 0))])
+    last_position_only(model)
     last_position_logits(model)
     linear_inputs_as_4d(model)
     model.validate_nodes_and_infer_types()
     return model
+
+
+def last_position_only(model: Any, /) -> bool:
+    """Replace ``model``'s ``logits_to_keep`` input (the positions whose logits a multi-token decode returns) by
+    the last position, in place; whether it had one.
+
+    A stateful model only generates, and OpenVINO GenAI feeds no such input.
+    """
+    import numpy as np
+    from openvino import opset13 as ops
+
+    kept = next((p for p in model.get_parameters() if KEPT_INPUT in p.output(0).get_names()), None)
+    if kept is None:
+        return False
+    last = ops.constant(np.array([-1], dtype=kept.get_element_type().to_dtype()))
+    for reader in list(kept.output(0).get_target_inputs()):
+        reader.replace_source_output(last.output(0))
+    model.remove_parameter(kept)
+    return True
 
 
 # Ops between the lm_head and the logits that act on each position alone (a soft cap: divide, tanh, multiply).
@@ -186,7 +208,7 @@ def stateful_io(io: Any, /) -> Any:
     import torch
     from torch.utils import _pytree as pytree
 
-    from hfx._contract import load_spec
+    from hfx._contract import in_spec_without, load_spec
     from hfx._pytree import spec_caches
     from hfx._records import TensorSpec
     from hfx._upstream import graph_name
@@ -196,17 +218,14 @@ def stateful_io(io: Any, /) -> Any:
         what = "takes no past_key_values cache" if not cached else f"writes {list(io.updates)} in place (a static cache)"
         msg = f"the graph {what}: only one that takes a dynamic cache and returns it can keep it as state"
         raise ValueError(msg)
+    in_spec = in_spec_without(io, lambda key: graph_name(key) in (CACHE_INPUT, KEPT_INPUT),
+                              {BEAM_INPUT: torch.zeros(1, dtype=torch.int32)})
     with spec_caches(io):
-        leaves = [torch.zeros([1] * len(spec.shape)) for spec in io.inputs]
-        _, kwargs = pytree.tree_unflatten(leaves, load_spec(io.in_spec))
-        kwargs = {key: value for key, value in kwargs.items() if graph_name(key) != CACHE_INPUT}
-        kwargs[BEAM_INPUT] = torch.zeros(1, dtype=torch.int32)
-        in_spec = pytree.treespec_dumps(pytree.tree_structure(((), kwargs)))
         returned = load_spec(io.out_spec)
         outputs = pytree.tree_unflatten([torch.zeros(1)] * returned.num_leaves, returned)
         kept = type(outputs)(**{key: value for key, value in outputs.items() if graph_name(key) != CACHE_INPUT})
         out_spec = pytree.treespec_dumps(pytree.tree_structure(kept))
-    inputs = [spec for spec in io.inputs if spec.name not in cached]
+    inputs = [spec for spec in io.inputs if spec.name not in cached and spec.name != KEPT_INPUT]
     ids = next(spec for spec in io.inputs if spec.name == "input_ids")
     beam = TensorSpec(name=BEAM_INPUT, dtype="int32", shape=ids.shape[:1])  # one row index per batch row
     present = {CACHE_OUTPUT + name.removeprefix(CACHE_INPUT) for name in cached}

@@ -190,10 +190,14 @@ def _is_sample(mapping: Mapping[str, Any]) -> bool:
 def graph_feeds(io: IoSpec, samples: Sequence[Mapping[str, Any]], *, program: str) -> list[list[torch.Tensor]]:
     """Each sample as the graph's flat inputs, checked by ``hfx._contract.flat_inputs`` (names, dtypes, dims, bounds)."""
     from hfx._contract import flat_inputs
+    from hfx._kept_positions import KEPT_INPUT
     from hfx._pytree import spec_caches
 
+    # a graph that keeps every position has logits_to_keep as a constant: the recorded step's positions are not its
+    baked = KEPT_INPUT in io.constants
     with spec_caches(io):
-        return [flat_inputs(io, sample, program=program) for sample in samples]
+        return [flat_inputs(io, {k: v for k, v in sample.items() if not (baked and k == KEPT_INPUT)}, program=program)
+                for sample in samples]
 
 
 def named_feeds(io: IoSpec, samples: Sequence[Mapping[str, Any]], *, program: str) -> list[dict[str, Any]]:
