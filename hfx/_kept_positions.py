@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 KEPT_INPUT = "logits_to_keep"
+#: Its dim: how many positions are kept (``hfx.infer_dynamic_shapes`` names it, bounded as ``sequence``).
+KEPT_DIM = "kept"
 
 
 def new_token_count(call: Mapping[str, Any]) -> int | None:

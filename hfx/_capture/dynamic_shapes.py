@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from toolz import curry
 
+from hfx._kept_positions import KEPT_DIM, KEPT_INPUT
 from hfx._lift import per_component
 from hfx._pytree import owned_tensors
 from hfx._records import Capture, DynamicShapes
@@ -31,8 +32,8 @@ _AXIS_RULES: tuple[tuple[frozenset[str], Mapping[int, str]], ...] = (
     (frozenset({"pixel_values", "pixel_mask"}), {0: "batch", -2: "height", -1: "width"}),
     (frozenset({"input_values"}), {0: "batch", -1: "audio_length"}),
     (frozenset({"input_features"}), {0: "batch", -1: "frames"}),
-    # a multi-token decode's positions whose logits it returns (decompose's _with_kept_positions)
-    (frozenset({"logits_to_keep"}), {0: "kept"}),
+    # a multi-token decode's positions whose logits it returns (hfx._kept_positions)
+    (frozenset({KEPT_INPUT}), {0: KEPT_DIM}),
 )
 
 
@@ -149,7 +150,7 @@ def _default_bounds(model: torch.nn.Module | None) -> dict[str, tuple[int, int |
         "sequence": sequence,
         "decoder_sequence": sequence,
         "total_sequence": sequence,
-        "kept": sequence,
+        KEPT_DIM: sequence,
         "past_sequence": (1, limit - 1 if limit else None),  # a step adds at least one token to the past
     }
 

@@ -14,10 +14,8 @@ from typing import Any
 
 import attrs
 
-from hfx._kept_positions import KEPT_INPUT
+from hfx._kept_positions import KEPT_DIM, KEPT_INPUT
 from hfx._records import IoSpec
-
-_KEPT_DIM = "kept"
 
 
 def every_position(program: Any, /) -> Any:
@@ -47,7 +45,7 @@ def every_position(program: Any, /) -> Any:
     sequence = ids.shape[1] if ids.shape is not None else None
     for value in graph.outputs:
         if value.shape is not None:
-            value.shape = ir.Shape([sequence if str(dim) == _KEPT_DIM else dim for dim in value.shape])
+            value.shape = ir.Shape([sequence if str(dim) == KEPT_DIM else dim for dim in value.shape])
     return attrs.evolve(program, model=model, io=io_with_every_position(program.io))
 
 
@@ -56,9 +54,9 @@ def io_with_every_position(io: IoSpec, /) -> IoSpec:
     from hfx._contract import in_spec_without
 
     ids = next(spec for spec in io.inputs if spec.name == "input_ids")
-    outputs = [attrs.evolve(spec, shape=tuple(ids.shape[1] if dim == _KEPT_DIM else dim for dim in spec.shape))
+    outputs = [attrs.evolve(spec, shape=tuple(ids.shape[1] if dim == KEPT_DIM else dim for dim in spec.shape))
                for spec in io.outputs]
     return attrs.evolve(io, inputs=[spec for spec in io.inputs if spec.name != KEPT_INPUT], outputs=outputs,
                         in_spec=in_spec_without(io, lambda key: key == KEPT_INPUT),
-                        bounds={dim: bound for dim, bound in io.bounds.items() if dim != _KEPT_DIM},
-                        declared_bounds={dim: b for dim, b in io.declared_bounds.items() if dim != _KEPT_DIM})
+                        bounds={dim: bound for dim, bound in io.bounds.items() if dim != KEPT_DIM},
+                        declared_bounds={dim: b for dim, b in io.declared_bounds.items() if dim != KEPT_DIM})
