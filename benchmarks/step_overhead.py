@@ -51,6 +51,7 @@ def decode_step(past: int) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
     import hfx
     from hfx import zoo
     from hfx._contract import input_keys
+    from hfx._kept_positions import KEPT_INPUT
 
     model = zoo.build("llama")
     parts = hfx.export(hfx.decompose(hfx.capture(zoo.inputs("llama", batch=1, sequence=8), model)))
@@ -62,7 +63,7 @@ def decode_step(past: int) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
 
     def step(length: int) -> dict[str, Any]:
         values = {"input_ids": torch.tensor([[5]]), "attention_mask": torch.ones(1, length + 1, dtype=torch.long),
-                  "position_ids": torch.tensor([[length]])}
+                  "position_ids": torch.tensor([[length]]), KEPT_INPUT: torch.tensor([0])}  # as hfx.generate's step
         return {key: values.get(key, cache) for key in keys}  # the one key left is the cache, under either name
 
     return model, decode, step(past), step(past + 1)
