@@ -109,3 +109,12 @@ def test_a_stateful_openvino_decode_takes_no_positions(generative):
     assert KEPT_INPUT not in stateful.io.input_names
     assert KEPT_INPUT not in {name for p in stateful.model.get_parameters() for name in p.output(0).get_names()}
     assert not any(name.startswith(KEPT_INPUT) for name in stateful.state)
+
+
+def test_an_executorch_program_plans_the_kept_positions_for_no_more_than_its_new_tokens(generative):
+    from hfx.backends._executorch import pte_bounds
+
+    _, parts = generative("llama")
+    assert pte_bounds(parts["decode"], max_sizes={"sequence": 16})["kept"] == (1, 16)
+    assert pte_bounds(parts["decode"])["kept"] == (1, pte_bounds(parts["decode"])["sequence"][1])
+    assert pte_bounds(parts["decode"], max_sizes={"sequence": 16, "kept": 1})["kept"] == (1, 1)

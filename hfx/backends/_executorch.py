@@ -49,6 +49,7 @@ from hfx._export.updates import for_runtime
 from hfx.backends._lowering_speed import lowering_speedups
 from hfx._contract import FlatCall, call
 from hfx._errors import InputError, LoweringError
+from hfx._kept_positions import KEPT_DIM
 from hfx._lift import per_component
 from hfx._records import Capture, Components, DynamicShapes, Exported, IoSpec
 from hfx.backends._common import (
@@ -408,6 +409,10 @@ def pte_bounds(
                 default = _samples_whose_frames_fit(exported, name, lo, default)
             size = max(lo, min(default, hi if hi is not None else default))
         bounds[name] = (lo, size)
+    # the positions a decode graph keeps logits for are some of its new tokens: planned for as many, not more
+    if KEPT_DIM in bounds and "sequence" in bounds and KEPT_DIM not in asked:
+        lo, size = bounds[KEPT_DIM]
+        bounds[KEPT_DIM] = (lo, max(lo, min(size, bounds["sequence"][1])))
     return bounds
 
 
