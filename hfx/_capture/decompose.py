@@ -279,7 +279,10 @@ def decompose(
     Llama, Qwen, Phi ...), for an encoder-decoder as above (T5, BART, Marian,
     Whisper ...) and for a multimodal model as above: the decoder's weights are
     then in one graph, stored and loaded once on every runtime, where
-    ``prefill`` and ``decode`` would each hold a copy.
+    ``prefill`` and ``decode`` would each hold a copy. Such a graph takes
+    ``logits_to_keep``, the positions whose logits it returns, as an input where
+    the model honours a tensor of positions (``hfx._kept_positions``):
+    ``hfx.generate`` asks the prompt for its last position only.
 
     With ``internal_cache_length`` a text decoder gives one component,
     ``decode``, in the contract of ExecuTorch's LLM runner: ``forward(tokens

@@ -7,7 +7,8 @@ and each matching ``present.*`` output the value written back, so the cache
 never leaves the runtime between steps. A ``beam_idx`` input reorders the cache
 rows before each step (beam search; ``arange(batch)`` keeps them). The state of
 a new request starts empty: ``batch`` rows (from ``input_ids``) and a past of 0.
-It returns the logits of the last position only (``last_position_logits``), and
+It returns the logits of the last position only (``last_position_logits``; a
+``logits_to_keep`` input becomes that position, ``last_position_only``), and
 its linear layers keep one packed weight layout on the CPU (``linear_inputs_as_4d``).
 """
 
