@@ -59,19 +59,11 @@ def _one_item(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v[:1] if isinstance(v, torch.Tensor) and v.ndim else v for k, v in kwargs.items()}
 
 
-def as_multi_token_call(call: Mapping[str, Any], *, positions: torch.Tensor | None = None) -> dict[str, Any]:
-    """``call`` as a multi-token decode graph takes it: with ``logits_to_keep`` as the positions whose logits it
-    returns (a tensor input of the graph; ``positions``, by default the last new token's, as ``hfx.generate``
-    passes it).
-
-    For a model that takes no ``logits_to_keep`` the call is as it was.
-    """
-    if KEPT_INPUT not in call:
-        return dict(call)
-    count = new_token_count(call)
-    if count is None:
-        return dict(call)
-    return {**call, KEPT_INPUT: torch.tensor([count - 1]) if positions is None else positions}
+def as_multi_token_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    """``call`` as a multi-token decode graph takes it: ``logits_to_keep`` as the tensor of positions whose logits
+    it returns, the last new token's, as ``hfx.generate`` passes it; the call as it was for a model that takes none."""
+    count = new_token_count(call) if KEPT_INPUT in call else None
+    return dict(call) if count is None else {**call, KEPT_INPUT: torch.tensor([count - 1])}
 
 
 # Per-token inputs of a step and their token axis (M-RoPE's position ids are [sections, batch, tokens]).
@@ -94,46 +86,38 @@ def _merge_decode_steps(first: dict[str, Any], second: dict[str, Any]) -> dict[s
     return merged
 
 
-def _run_eagerly(model: torch.nn.Module, call: Mapping[str, Any]) -> Any:
-    """``model``'s output on a copy of ``call``, its state left as it was (it raises what the model raises)."""
+def _eager_output(model: torch.nn.Module, call: Mapping[str, Any]) -> Any:
+    """``model``'s output on a copy of ``call``, its state left as it was; ``None`` when the model refuses the call."""
     import copy
 
     from hfx.patches import preserve_module_state
 
-    with torch.no_grad(), preserve_module_state(model):
-        return model(**copy.deepcopy(dict(call)))
-
-
-def _takes_two_new_tokens(model: torch.nn.Module, merged: dict[str, Any]) -> bool:
-    """Whether ``model`` runs ``merged``, a step of two new tokens over a cache, eagerly (its state left as it was)."""
     try:
-        _run_eagerly(model, merged)
-    except Exception:  # noqa: BLE001 - the model refuses the step, for whatever reason: one graph cannot take it
-        return False
-    return True
+        with torch.no_grad(), preserve_module_state(model):
+            return model(**copy.deepcopy(dict(call)))
+    except Exception:  # noqa: BLE001 - the model refuses the call, for whatever reason
+        return None
 
 
-def _with_kept_positions(model: torch.nn.Module, call: dict[str, Any]) -> dict[str, Any]:
+def _with_kept_positions(model: torch.nn.Module, call: dict[str, Any], output: Any) -> dict[str, Any]:
     """``call`` (a multi-token step) with ``logits_to_keep`` as a tensor of positions, an input of the graph
     (``hfx._kept_positions``), when ``model`` honours one as transformers' causal LMs do
     (``hidden_states[:, logits_to_keep]``); else as it is, the graph returning every position's logits.
 
-    Checked eagerly: asked for position ``[1]``, the model must return that position's logits alone.
+    Checked eagerly: asked for position ``[1]``, the model must return the logits of position 1 in ``output``
+    (its output on ``call``, every position; ``None``: it refused the call).
     """
-    keep = call.get(KEPT_INPUT)
-    if not isinstance(keep, int) or keep != 0 or (new_token_count(call) or 0) < 2:
+    keep, count = call.get(KEPT_INPUT), new_token_count(call) or 0
+    if not isinstance(keep, int) or keep != 0 or count < 2 or output is None:
         return call
-    try:
-        kept = _run_eagerly(model, {**call, KEPT_INPUT: torch.tensor([1])}).logits
-        every = _run_eagerly(model, call).logits
-    except Exception:  # noqa: BLE001 - the model refuses a tensor of positions: the graph keeps every position
-        return call
+    kept = getattr(_eager_output(model, {**call, KEPT_INPUT: torch.tensor([1])}), "logits", None)
+    every = getattr(output, "logits", None)
     second = every[:, 1:2] if isinstance(every, torch.Tensor) and every.ndim == 3 else None
     if second is None or not isinstance(kept, torch.Tensor) or kept.shape != second.shape:
         return call
     if not torch.allclose(kept, second, rtol=1e-4, atol=1e-5):
         return call
-    return as_multi_token_call(call, positions=torch.arange(new_token_count(call) or 0))
+    return {**call, KEPT_INPUT: torch.arange(count)}
 
 
 def _decode_shapes(capture: Capture, *, multi_token: bool, whole_sequence: bool = False) -> DynamicShapes:
@@ -356,11 +340,12 @@ def decompose(
         # (a model handed the whole sequence slices off its cache itself: CPM-Ant branches on the cache's length)
         merge = merge and full_attention_cache(calls) and not _takes_the_whole_sequence(calls)
     decode = _pick_decode(calls, multi_token=merge)
-    if merge and multi_token_decode is None and decode is not None and not _takes_two_new_tokens(stepping, decode):
+    merged_output = _eager_output(stepping, decode) if merge and decode is not None else None
+    if merge and multi_token_decode is None and decode is not None and merged_output is None:
         merge = False  # ProphetNet asserts a step of one token over a cache: it keeps a prefill
         decode = _pick_decode(calls, multi_token=False)
     if merge and decode is not None:
-        decode = _with_kept_positions(stepping, decode)
+        decode = _with_kept_positions(stepping, decode, merged_output)
     if decode is None and not multimodal and _cache_free(calls):
         return _cache_free_components(model, calls, inputs.get("input_ids"), recorded, generation_config)
     if not calls or decode is None:

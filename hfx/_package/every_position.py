@@ -14,8 +14,7 @@ from typing import Any
 
 import attrs
 
-from hfx._kept_positions import KEPT_DIM, KEPT_INPUT
-from hfx._records import IoSpec
+from hfx._kept_positions import KEPT_DIM, KEPT_INPUT, io_without_positions
 
 
 def every_position(program: Any, /) -> Any:
@@ -46,17 +45,4 @@ def every_position(program: Any, /) -> Any:
     for value in graph.outputs:
         if value.shape is not None:
             value.shape = ir.Shape([sequence if str(dim) == KEPT_DIM else dim for dim in value.shape])
-    return attrs.evolve(program, model=model, io=io_with_every_position(program.io))
-
-
-def io_with_every_position(io: IoSpec, /) -> IoSpec:
-    """``io`` without the ``logits_to_keep`` input, its outputs' ``kept`` positions those of ``input_ids``."""
-    from hfx._contract import in_spec_without
-
-    ids = next(spec for spec in io.inputs if spec.name == "input_ids")
-    outputs = [attrs.evolve(spec, shape=tuple(ids.shape[1] if dim == KEPT_DIM else dim for dim in spec.shape))
-               for spec in io.outputs]
-    return attrs.evolve(io, inputs=[spec for spec in io.inputs if spec.name != KEPT_INPUT], outputs=outputs,
-                        in_spec=in_spec_without(io, lambda key: key == KEPT_INPUT),
-                        bounds={dim: bound for dim, bound in io.bounds.items() if dim != KEPT_DIM},
-                        declared_bounds={dim: b for dim, b in io.declared_bounds.items() if dim != KEPT_DIM})
+    return attrs.evolve(program, model=model, io=io_without_positions(program.io))

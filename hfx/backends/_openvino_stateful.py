@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from hfx._kept_positions import KEPT_INPUT
+from hfx._kept_positions import KEPT_INPUT, io_without_positions
 
 CACHE_INPUT = "past_key_values"
 CACHE_OUTPUT = "present"
@@ -219,14 +219,14 @@ def stateful_io(io: Any, /) -> Any:
         what = "takes no past_key_values cache" if not cached else f"writes {list(io.updates)} in place (a static cache)"
         msg = f"the graph {what}: only one that takes a dynamic cache and returns it can keep it as state"
         raise ValueError(msg)
-    in_spec = in_spec_without(io, lambda key: graph_name(key) in (CACHE_INPUT, KEPT_INPUT),
-                              {BEAM_INPUT: torch.zeros(1, dtype=torch.int32)})
+    io = io_without_positions(io)  # the last position's logits only (last_position_only, last_position_logits)
+    in_spec = in_spec_without(io, lambda key: graph_name(key) == CACHE_INPUT, {BEAM_INPUT: torch.zeros(1, dtype=torch.int32)})
     with spec_caches(io):
         returned = load_spec(io.out_spec)
         outputs = pytree.tree_unflatten([torch.zeros(1)] * returned.num_leaves, returned)
         kept = type(outputs)(**{key: value for key, value in outputs.items() if graph_name(key) != CACHE_INPUT})
         out_spec = pytree.treespec_dumps(pytree.tree_structure(kept))
-    inputs = [spec for spec in io.inputs if spec.name not in cached and spec.name != KEPT_INPUT]
+    inputs = [spec for spec in io.inputs if spec.name not in cached]
     ids = next(spec for spec in io.inputs if spec.name == "input_ids")
     beam = TensorSpec(name=BEAM_INPUT, dtype="int32", shape=ids.shape[:1])  # one row index per batch row
     present = {CACHE_OUTPUT + name.removeprefix(CACHE_INPUT) for name in cached}
