@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 
 from hfx._errors import InputError
 from hfx._export.constant_outputs import with_constants
-from hfx._kept_positions import with_every_position
+from hfx._kept_positions import KEPT_DIM, KEPT_INPUT, with_every_position
 from hfx._pytree import classes_in_spec, leaves_in_spec_order, registered_caches, spec_caches
 from hfx._upstream import with_installed_fields, with_taken_cache_name
 
@@ -51,6 +51,20 @@ def in_spec_without(io: IoSpec, dropped: Callable[[str], bool], added: Mapping[s
         kwargs = {key: value for key, value in kwargs.items() if not dropped(key)}
         kwargs.update(added or {})
         return pytree.treespec_dumps(pytree.tree_structure(((), kwargs)))
+
+
+def io_without_positions(io: IoSpec, /) -> IoSpec:
+    """``io`` without the ``logits_to_keep`` input (nor its dim's bounds), its outputs' ``kept`` positions those of
+    ``input_ids``: the contract of a graph whose positions are computed inside; ``io`` when it takes none."""
+    if KEPT_INPUT not in io.input_names:
+        return io
+    ids = next(spec for spec in io.inputs if spec.name == "input_ids")
+    outputs = [attrs.evolve(spec, shape=tuple(ids.shape[1] if dim == KEPT_DIM else dim for dim in spec.shape))
+               for spec in io.outputs]
+    return attrs.evolve(io, inputs=[spec for spec in io.inputs if spec.name != KEPT_INPUT], outputs=outputs,
+                        in_spec=in_spec_without(io, lambda key: key == KEPT_INPUT),
+                        bounds={dim: bound for dim, bound in io.bounds.items() if dim != KEPT_DIM},
+                        declared_bounds={dim: b for dim, b in io.declared_bounds.items() if dim != KEPT_DIM})
 
 
 def flat_inputs(io: IoSpec, kwargs: Mapping[str, Any], *, program: str) -> list[torch.Tensor]:

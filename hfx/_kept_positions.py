@@ -13,12 +13,9 @@ from the eager model.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from hfx._records import IoSpec
 
 KEPT_INPUT = "logits_to_keep"
 #: Its dim: how many positions are kept (``hfx.infer_dynamic_shapes`` names it, bounded as ``sequence``).
@@ -59,21 +56,3 @@ def with_every_position(keys: tuple[str, ...], kwargs: Mapping[str, Any]) -> Map
         return kwargs
     count = new_token_count(kwargs)
     return kwargs if count is None else {**kwargs, KEPT_INPUT: torch.arange(count)}
-
-
-def io_without_positions(io: IoSpec, /) -> IoSpec:
-    """``io`` without the ``logits_to_keep`` input (nor its dim's bounds), its outputs' ``kept`` positions those of
-    ``input_ids``: the contract of a graph whose positions are computed inside; ``io`` when it takes none."""
-    import attrs
-
-    from hfx._contract import in_spec_without  # imported here: hfx._contract fills the input with this module
-
-    if KEPT_INPUT not in io.input_names:
-        return io
-    ids = next(spec for spec in io.inputs if spec.name == "input_ids")
-    outputs = [attrs.evolve(spec, shape=tuple(ids.shape[1] if dim == KEPT_DIM else dim for dim in spec.shape))
-               for spec in io.outputs]
-    return attrs.evolve(io, inputs=[spec for spec in io.inputs if spec.name != KEPT_INPUT], outputs=outputs,
-                        in_spec=in_spec_without(io, lambda key: key == KEPT_INPUT),
-                        bounds={dim: bound for dim, bound in io.bounds.items() if dim != KEPT_DIM},
-                        declared_bounds={dim: b for dim, b in io.declared_bounds.items() if dim != KEPT_DIM})

@@ -14,7 +14,8 @@ from typing import Any
 
 import attrs
 
-from hfx._kept_positions import KEPT_DIM, KEPT_INPUT, io_without_positions
+from hfx._contract import io_without_positions
+from hfx._kept_positions import KEPT_DIM, KEPT_INPUT
 
 
 def every_position(program: Any, /) -> Any:

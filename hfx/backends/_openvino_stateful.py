@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from hfx._kept_positions import KEPT_INPUT, io_without_positions
+from hfx._kept_positions import KEPT_INPUT
 
 CACHE_INPUT = "past_key_values"
 CACHE_OUTPUT = "present"
@@ -209,7 +209,7 @@ def stateful_io(io: Any, /) -> Any:
     import torch
     from torch.utils import _pytree as pytree
 
-    from hfx._contract import in_spec_without, load_spec
+    from hfx._contract import in_spec_without, io_without_positions, load_spec
     from hfx._pytree import spec_caches
     from hfx._records import TensorSpec
     from hfx._upstream import graph_name
