@@ -51,6 +51,7 @@ from hfx._contract import FlatCall, call
 from hfx._errors import InputError, LoweringError
 from hfx._kept_positions import KEPT_DIM
 from hfx._lift import per_component
+from hfx._mapped_pages import drop_resident_pages, read_back_page_by_page
 from hfx._records import Capture, Components, DynamicShapes, Exported, IoSpec
 from hfx.backends._common import (
     as_exported,
@@ -708,6 +709,15 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
     files = entry["files"]
     buffer = (Path(directory) / files[0]).read_bytes()
     weights = PteWeights(path=Path(directory) / files[1]) if len(files) > 1 else None
-    return PteProgram(buffer=buffer, io=io, name=name, patches=entry.get("patches", ()),
-                      rewrites=entry.get("rewrites", {}), constant_methods=entry.get("constant_methods", {}),
-                      weights=weights, threads=threads)
+    program = PteProgram(buffer=buffer, io=io, name=name, patches=entry.get("patches", ()),
+                         rewrites=entry.get("rewrites", {}), constant_methods=entry.get("constant_methods", {}),
+                         weights=weights, threads=threads)
+    # Workaround (ExecuTorch 1.5.1, measured on a SmolLM-135M-shaped decoder): the runtime maps the .ptd and
+    # locks what it maps; XNNPACK copies the weights into its own packed memory, and the embedding lookup
+    # reads its rows in place, so the whole 108 MB table stayed resident (its pages read while packing the
+    # tied lm_head). Dropping them keeps the mapping; generating reads back the rows a prompt looks up, a
+    # page each (read_back_page_by_page). A no-op without a weights file.
+    if weights is not None:
+        drop_resident_pages(weights.path)
+        read_back_page_by_page(weights.path)
+    return program

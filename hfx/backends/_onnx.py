@@ -32,6 +32,7 @@ from hfx._errors import LoweringError
 from hfx._export.updates import for_runtime
 from hfx.backends._lowering_speed import lowering_speedups
 from hfx._lift import per_component
+from hfx._mapped_pages import read_back_page_by_page
 from hfx._records import Capture, Exported, IoSpec
 from hfx.backends._common import (
     as_exported,
@@ -428,13 +429,30 @@ def _new_session(model: Any, *, threads: int, providers: tuple[str, ...]) -> Any
     in_memory = sum(t.nbytes for t in tensors if not isinstance(t, ir.ExternalTensor))
     if in_memory <= _IN_MEMORY_LIMIT and len(folders) <= 1:
         if folders:
-            options.add_session_config_entry(_EXTERNAL_FOLDER, folders.pop())
-        return ort.InferenceSession(ir.to_proto(model).SerializeToString(), options, providers=list(providers))
+            options.add_session_config_entry(_EXTERNAL_FOLDER, next(iter(folders)))
+        session = ort.InferenceSession(ir.to_proto(model).SerializeToString(), options, providers=list(providers))
+        _read_mapped_rows_page_by_page(tensors)
+        return session
     # Linux keeps memory-mapped weights valid after the files are removed; elsewhere cleanup errors are ignored.
     with tempfile.TemporaryDirectory(prefix="hfx-onnx-", ignore_cleanup_errors=True) as tmp:
         path = Path(tmp) / "model.onnx"
         ir.save(model, path, external_data="model.onnx.data")
         return ort.InferenceSession(str(path), options, providers=list(providers))
+
+
+def _read_mapped_rows_page_by_page(tensors: list[Any]) -> None:
+    """Have the pages ONNX Runtime reads again from the data files of ``tensors`` come back one at a time
+    (``hfx._mapped_pages.read_back_page_by_page``).
+
+    ONNX Runtime copies most weights into its own memory (prepacked) and keeps the embedding in a private
+    mapping of the file, from which its lookup reads rows: a 128-token prompt of a SmolLM-135M-shaped
+    decoder, saved just before, mapped 92 MB of the 108 MB table (ONNX Runtime 1.32, 6.18 kernel, ext4).
+    A no-op for weights in memory.
+    """
+    import onnx_ir as ir
+
+    for path in sorted({str(Path(t.base_dir) / t.location) for t in tensors if isinstance(t, ir.ExternalTensor)}):
+        read_back_page_by_page(path)
 
 
 def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> LoweringError:
