@@ -88,7 +88,7 @@ def drop_resident_pages(path: str | Path) -> int:
 
 
 def read_back_page_by_page(path: str | Path) -> bool:
-    """Make later reads of ``path``'s read-only mappings in this process map a page each; whether it could.
+    """Make later reads of ``path``'s mappings in this process map a page each; whether it could.
 
     Why: a runtime that keeps reading a few rows of a mapped file in place (OpenVINO's and ONNX Runtime's
     embedding lookups, beside their own packed copies of the other weights) maps a whole folio of the
@@ -115,3 +115,12 @@ def read_back_page_by_page(path: str | Path) -> bool:
     except OSError:  # a file system that takes no such advice (read-only, remote): the pages stay as they are
         return False
     return all(madvise(start, end - start, _MADV_RANDOM) == 0 for start, end in ranges)
+
+
+def release_copied_pages(path: str | Path) -> None:
+    """Once a runtime holds what it copied from its mapped weight file ``path``: drop the pages it read
+    (``drop_resident_pages``) and have those it reads again in place come back a page each
+    (``read_back_page_by_page``). What OpenVINO's, ONNX Runtime's and ExecuTorch's loads call.
+    """
+    drop_resident_pages(path)
+    read_back_page_by_page(path)

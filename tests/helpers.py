@@ -181,6 +181,20 @@ class DataDependent(torch.nn.Module):
         return input * 2, torch.zeros(count)
 
 
+class TiedHead(torch.nn.Module):
+    """Token embedding, a layer, and logits through the embedding's own weight (``tie_word_embeddings``)."""
+
+    def __init__(self, vocab: int = 512, hidden: int = 64) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.layer = torch.nn.Linear(hidden, hidden)
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.layer(self.embed(input_ids))))
+
+
 class PatchGrid(torch.nn.Module):
     """RADIO's patch embedding: 8-pixel patches by ``reshape`` (a size that is not a multiple of 8 fails, in eager
     too) and a 4 x 4 position table resized to the grid. Traced at 32 px, hfx keeps the sizes 32 to 39 its branches

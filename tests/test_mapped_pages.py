@@ -10,6 +10,7 @@ import torch
 
 import hfx
 from hfx._mapped_pages import drop_resident_pages, mappings, read_back_page_by_page, read_only_mappings
+from tests.helpers import TiedHead
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps and madvise are Linux's")
 
@@ -127,23 +128,10 @@ def test_a_loaded_onnx_program_reads_the_rows_of_its_mapped_weights_a_page_at_a_
     torch.testing.assert_close(program(**inputs).logits, model(**inputs).logits, atol=1e-4, rtol=1e-4)
 
 
-class _TiedHead(torch.nn.Module):
-    """An embedding whose weight is also the output projection's: ExecuTorch keeps it in a ``.ptd``."""
-
-    def __init__(self, vocab: int = 1024, hidden: int = 64) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, hidden)
-        self.head = torch.nn.Linear(hidden, vocab, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.embed(input_ids)))
-
-
 def test_a_loaded_executorch_program_keeps_no_weight_pages_it_read_while_loading(tmp_path):
     pytest.importorskip("executorch")
     torch.manual_seed(0)
-    model = _TiedHead().eval()
+    model = TiedHead(vocab=1024).eval()
     exported = hfx.export(hfx.capture({"input_ids": torch.randint(0, 1024, (2, 7))}, model))
     path = hfx.save(tmp_path / "tied", hfx.lower_to_pte(exported))
     program = hfx.load(path)

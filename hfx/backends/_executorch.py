@@ -51,7 +51,7 @@ from hfx._contract import FlatCall, call
 from hfx._errors import InputError, LoweringError
 from hfx._kept_positions import KEPT_DIM
 from hfx._lift import per_component
-from hfx._mapped_pages import drop_resident_pages, read_back_page_by_page
+from hfx._mapped_pages import release_copied_pages
 from hfx._records import Capture, Components, DynamicShapes, Exported, IoSpec
 from hfx.backends._common import (
     as_exported,
@@ -718,6 +718,5 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
     # tied lm_head). Dropping them keeps the mapping; generating reads back the rows a prompt looks up, a
     # page each (read_back_page_by_page). A no-op without a weights file.
     if weights is not None:
-        drop_resident_pages(weights.path)
-        read_back_page_by_page(weights.path)
+        release_copied_pages(weights.path)
     return program

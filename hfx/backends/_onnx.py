@@ -32,7 +32,7 @@ from hfx._errors import LoweringError
 from hfx._export.updates import for_runtime
 from hfx.backends._lowering_speed import lowering_speedups
 from hfx._lift import per_component
-from hfx._mapped_pages import read_back_page_by_page
+from hfx._mapped_pages import release_copied_pages
 from hfx._records import Capture, Exported, IoSpec
 from hfx.backends._common import (
     as_exported,
@@ -442,7 +442,7 @@ def _new_session(model: Any, *, threads: int, providers: tuple[str, ...]) -> Any
 
 def _read_mapped_rows_page_by_page(tensors: list[Any]) -> None:
     """Have the pages ONNX Runtime reads again from the data files of ``tensors`` come back one at a time
-    (``hfx._mapped_pages.read_back_page_by_page``).
+    (``hfx._mapped_pages.release_copied_pages``).
 
     ONNX Runtime copies most weights into its own memory (prepacked) and keeps the embedding in a private
     mapping of the file, from which its lookup reads rows: a 128-token prompt of a SmolLM-135M-shaped
@@ -452,7 +452,7 @@ def _read_mapped_rows_page_by_page(tensors: list[Any]) -> None:
     import onnx_ir as ir
 
     for path in sorted({str(Path(t.base_dir) / t.location) for t in tensors if isinstance(t, ir.ExternalTensor)}):
-        read_back_page_by_page(path)
+        release_copied_pages(path)
 
 
 def _lowering_error(exported: Exported, what: str, todo: str, log: str = "") -> LoweringError:

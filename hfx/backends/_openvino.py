@@ -30,7 +30,7 @@ from hfx._contract import FlatCall, call
 from hfx._cpu import onednn_capped_below_vnni
 from hfx._errors import LoweringError, describe
 from hfx._lift import per_component
-from hfx._mapped_pages import drop_resident_pages, read_back_page_by_page
+from hfx._mapped_pages import release_copied_pages
 from hfx._records import Capture, Exported, IoSpec, TensorSpec
 from hfx._export.updates import for_runtime
 from hfx.backends._lowering_speed import lowering_speedups
@@ -572,7 +572,6 @@ def load_files(entry: Mapping[str, Any], directory: Path, *, name: str, io: IoSp
     # generating reads back the few it uses (the embedding rows a prompt looks up), a page each
     # (read_back_page_by_page: 96 MB -> under 1 MB there). A no-op where nothing is mapped.
     for weights in entry["files"][1:]:
-        drop_resident_pages(directory / weights)
-        read_back_page_by_page(directory / weights)
+        release_copied_pages(directory / weights)
     return program
 

@@ -35,6 +35,7 @@ from hfx.backends._executorch import (  # noqa: E402
 from tests.helpers import (  # noqa: E402
     CAPTURE_SHAPE,
     PatchGrid,
+    TiedHead,
     eager_tokens,
     exported_by_name,
     memoized,
@@ -355,20 +356,6 @@ def test_bad_constant_methods_are_value_errors(linear, methods):
         lower_to_pte(linear, constant_methods=methods)
 
 
-class _TiedHead(torch.nn.Module):
-    """Token embedding, a layer, and logits through the embedding's own weight (``tie_word_embeddings``)."""
-
-    def __init__(self, vocab: int = 512, hidden: int = 64) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, hidden)
-        self.layer = torch.nn.Linear(hidden, hidden)
-        self.head = torch.nn.Linear(hidden, vocab, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.layer(self.embed(input_ids))))
-
-
 @pytest.mark.fresh_exports  # the weights file's folder goes with the last program: the suite's store would keep it
 def test_a_tied_embedding_is_stored_once_in_a_weights_file_beside_the_pte(tmp_path):
     """ExecuTorch's portable ``embedding`` kernel and XNNPACK's matmul would each store a tied weight in the ``.pte``;
@@ -377,7 +364,7 @@ def test_a_tied_embedding_is_stored_once_in_a_weights_file_beside_the_pte(tmp_pa
     import gc
 
     torch.manual_seed(0)
-    model = _TiedHead().eval()
+    model = TiedHead().eval()
     exported = hfx.export(hfx.capture({"input_ids": torch.randint(0, 512, (2, 7))}, model))
     program = lower_to_pte(exported)
     weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
